@@ -1,0 +1,228 @@
+"""Group-relative advantages: GRPO, Dr. GRPO and AVSPO (ALGORITHM.md §2.4).
+
+    A_i = (r_i - mean(R'_j)) / (std(R'_j) + eps)     for the G real samples of group j
+
+with R'_j = R_j (GRPO) or R_j plus K virtual rewards (AVSPO, collapsed groups while the gate is
+open). Every estimator is a per-group affine map ``A = r * scale_j + offset_j``: a registered
+function returns ``(scale [N], offset [N], info)`` and :func:`group_advantages` applies it in one
+pass over ``[N, G]``. That is why AVSPO costs only a few ``[N]``-sized ops more than GRPO.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, CollapseStats, _check_shape, _classify, group_moments
+from .virtual import coef_moments, get_strategy, num_virtual
+
+STD_CONVENTIONS = {"population": 0, "unbiased": 1}  # -> divide by G - correction
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]] = {}
+
+
+def register_estimator(name: str):
+    """Register ``fn(stats, *, std, eps, **options) -> (scale [N], offset [N], info)``."""
+
+    def wrap(fn):
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return wrap
+
+
+@register_estimator("grpo")
+def _grpo(stats: CollapseStats, *, std, eps, **_):
+    # (r - mean) / (std + eps); a collapsed group (population std < tol) gets exactly zero, as the
+    # ACR definition says: reward noise below tol would otherwise be blown up by 1 / (std + eps).
+    scale = ~stats.collapsed / (std + eps)
+    if eps <= 0:
+        scale = scale.nan_to_num(nan=0.0)  # 0 / 0 in collapsed groups
+    return scale, -stats.mean * scale, {}
+
+
+@register_estimator("dr_grpo")
+def _dr_grpo(stats: CollapseStats, **_):
+    # Dr. GRPO (Liu et al. 2025): centre only, no std division; collapsed groups give exact zeros
+    scale = (~stats.collapsed).to(stats.mean.dtype)
+    return scale, -stats.mean * scale, {}
+
+
+def augmented_group_stats(
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    group_size: int,
+    k: int,
+    scale: torch.Tensor,
+    coef_sum: torch.Tensor,
+    coef_sq_sum: torch.Tensor,
+    correction: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Mean and std of R' = G real rewards (``mean``, population ``var``) plus K virtual rewards
+    ``v_k = mean + scale * coef_k``; all inputs and outputs ``[M]``.
+
+    Pooled moments around the real mean: D1 = sum_k d_k, D2 = sum_k d_k^2 with d_k = v_k - mean.
+    Returns ``(mean', std' in the requested convention, std' population)``.
+    """
+    n = group_size + k
+    shift = scale * coef_sum / n
+    var_pop = ((group_size * var + scale * scale * coef_sq_sum) / n - shift * shift).clamp_min(0.0)
+    std_pop = var_pop.sqrt()
+    std = std_pop if correction == 0 else (var_pop * (n / (n - correction))).sqrt()
+    return mean + shift, std, std_pop
+
+
+@functools.lru_cache(maxsize=256)
+def _canonical_advantages(strategy, g, k, lo, hi, r_anchor, gamma, correction, eps, tol, dtype):
+    """AVSPO advantage of every real sample of a collapsed group at ``lo`` (all-wrong) and at
+    ``hi`` (all-right), and whether each group is still collapsed after augmentation.
+
+    For the deterministic strategies these depend only on (G, K, strategy, branch), so they are
+    computed once per configuration.
+    """
+    canon = torch.tensor([lo, hi], dtype=dtype)
+    right = torch.tensor([False, True])
+    spec = get_strategy(strategy).fn(canon, right, k, lo=lo, hi=hi, r_anchor=r_anchor, gamma=gamma, generator=None)
+    m, s, s_pop = augmented_group_stats(
+        canon, torch.zeros_like(canon), g, k, spec.scale, *coef_moments(spec, right), correction
+    )
+    return tuple(((canon - m) / (s + eps)).tolist()), tuple((s_pop < tol).tolist())
+
+
+@register_estimator("avspo")
+def _avspo(
+    stats: CollapseStats,
+    *,
+    std,
+    eps,
+    correction,
+    tol,
+    reward_range,
+    acr_gate,
+    tau_adapt,
+    alpha,
+    strategy,
+    r_anchor,
+    gamma,
+    generator,
+):
+    g = stats.group_size
+    strat = get_strategy(strategy)
+    gate_open = acr_gate > tau_adapt and stats.num_collapsed > 0
+    k = num_virtual(g, acr_gate, alpha, strategy) if gate_open else 0
+    scale, offset, _ = _grpo(stats, std=std, eps=eps)  # gate closed: bit-for-bit GRPO
+    info = {"gate_open": gate_open, "num_virtual_k": k, "num_virtual": stats.collapsed * k}
+    if not gate_open:
+        info["num_effective_collapsed"] = stats.num_collapsed
+        return scale, offset, info
+
+    lo, hi = reward_range
+    if strat.deterministic and stats.num_collapsed == stats.num_all_right + stats.num_all_wrong:
+        # Fast path: every collapsed group sits at lo or hi, and GRPO gave it scale = offset = 0,
+        # so its advantage (the same for all its samples) goes into the offset: two [N] ops.
+        (a_w, a_r), (still_w, still_r) = _canonical_advantages(
+            strategy,
+            g,
+            k,
+            float(lo),
+            float(hi),
+            float(r_anchor),
+            float(gamma),
+            correction,
+            float(eps),
+            float(tol),
+            stats.mean.dtype,
+        )
+        offset.add_(stats.all_right, alpha=a_r).add_(stats.all_wrong, alpha=a_w)
+        num_eff = stats.num_all_wrong * still_w + stats.num_all_right * still_r
+    else:
+        spec = strat.fn(
+            stats.mean, stats.all_right, k, lo=lo, hi=hi, r_anchor=r_anchor, gamma=gamma, generator=generator
+        )
+        m_aug, s_aug, s_aug_pop = augmented_group_stats(
+            stats.mean, stats.ssd / g, g, k, spec.scale, *coef_moments(spec, stats.all_right), correction
+        )
+        scale = torch.where(stats.collapsed, 1.0 / (s_aug + eps), scale)
+        offset = torch.where(stats.collapsed, -m_aug * scale, offset)
+        num_eff = int((stats.collapsed & (s_aug_pop < tol)).sum())
+    info["num_effective_collapsed"] = num_eff
+    return scale, offset, info
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    estimator: str = "grpo",
+    *,
+    std: str = "population",
+    eps: float = 1e-6,
+    tol: float = DEFAULT_TOL,
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+    acr_gate: float | None = None,
+    tau_adapt: float = 0.5,
+    alpha: float = 0.5,
+    strategy: str = "stratified",
+    r_anchor: float = 0.1,
+    gamma: float = 0.5,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """Advantages of the G real samples of each prompt group.
+
+    Args:
+        rewards: ``[N, G]`` rewards, one row per prompt group (float; NaN/Inf raise ValueError).
+        estimator: ``grpo`` | ``dr_grpo`` | ``avspo`` (see :data:`ADVANTAGE_ESTIMATORS`).
+        std: ``population`` (divide by G; the paper's) or ``unbiased`` (G - 1; OpenRLHF's
+            ``group_norm``). For AVSPO it applies to the augmented group of G + K rewards.
+        eps: added to the std in the denominator.
+        tol: collapse tolerance on the population std (ALGORITHM.md tau = 1e-6). Collapsed groups
+            get exactly zero advantages unless AVSPO augments them.
+        reward_range: ``(lo, hi)`` of the reward; decides all-right vs all-wrong groups.
+        acr_gate: AVSPO gate input, the smoothed ACR (see ``ACRTracker.acr_gate``); ``None``
+            uses this batch's raw ACR.
+        tau_adapt: AVSPO threshold; collapsed groups are augmented only if ``acr_gate > tau_adapt``.
+        alpha: exponent of the K rule ``K = max(1, min(G, ceil(G * acr_gate ** alpha)))``.
+        strategy: virtual reward values, see :data:`~avspo_openrlhf.algo.virtual.VIRTUAL_STRATEGIES`.
+        r_anchor, gamma: strategy parameters (stratified / exp_decay).
+        generator: seeds ``random_uniform``.
+
+    Returns:
+        ``(advantages [N, G], info)``. ``info`` holds the :class:`CollapseStats` (``stats``), the
+        raw rates (``acr``, ``acr_all_wrong``, ``acr_all_right``, ``acr_other``), ``acr_gate``,
+        ``acr_effective`` (groups whose advantages are still all zero) and, for AVSPO,
+        ``gate_open``, ``num_virtual_k`` (K) and ``num_virtual`` (``[N]`` virtual samples per group).
+    """
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; choose from {sorted(ADVANTAGE_ESTIMATORS)}")
+    if std not in STD_CONVENTIONS:
+        raise ValueError(f"std must be one of {sorted(STD_CONVENTIONS)}, got {std!r}")
+    rewards = _check_shape(rewards, "rewards")
+    n, g = rewards.shape
+    correction = STD_CONVENTIONS[std]
+    if correction and g < 2 and estimator != "dr_grpo":
+        raise ValueError("unbiased std needs at least 2 samples per group (G >= 2); use std='population'")
+    stats = _classify(rewards, *group_moments(rewards), tol, reward_range)
+    group_std = (stats.ssd / (g - correction)).sqrt()
+    if acr_gate is None:
+        acr_gate = stats.acr
+    scale, offset, info = ADVANTAGE_ESTIMATORS[estimator](
+        stats,
+        std=group_std,
+        eps=eps,
+        correction=correction,
+        tol=tol,
+        reward_range=reward_range,
+        acr_gate=acr_gate,
+        tau_adapt=tau_adapt,
+        alpha=alpha,
+        strategy=strategy,
+        r_anchor=r_anchor,
+        gamma=gamma,
+        generator=generator,
+    )
+    adv = torch.addcmul(offset[:, None], rewards, scale[:, None])
+    num_eff = info.pop("num_effective_collapsed", stats.num_collapsed)
+    info.update(stats.metrics())
+    info.update(stats=stats, acr_gate=acr_gate, acr_effective=num_eff / n if n else 0.0)
+    return adv, info

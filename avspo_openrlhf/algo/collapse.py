@@ -1,0 +1,157 @@
+"""Advantage Collapse Rate (ACR): which prompt groups give GRPO no learning signal.
+
+ALGORITHM.md §1: sigma_j = population std of group j's rewards, ACR = mean_j [sigma_j < tol].
+Collapsed groups are split by their common reward r_obs relative to the reward range [lo, hi]:
+``all_right`` (r_obs == hi), ``all_wrong`` (r_obs == lo) and ``other`` (any other constant, only
+possible with non-binary rewards); comparisons use the same ``tol``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_TOL = 1e-6
+DEFAULT_REWARD_RANGE = (0.0, 1.0)
+
+
+def _check_shape(rewards: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape [N, G], got {type(rewards).__name__}")
+    if rewards.dim() != 2:
+        raise ValueError(f"{name} must have shape [N, G] (one row per prompt group), got {tuple(rewards.shape)}")
+    if rewards.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one completion per group (G >= 1), got G=0")
+    return rewards if rewards.is_floating_point() else rewards.float()
+
+
+def check_rewards(rewards: torch.Tensor, name: str = "rewards") -> torch.Tensor:
+    """Validate a ``[N, G]`` reward matrix: 2-D, G >= 1, every value finite (ints become float).
+
+    Raises ``ValueError`` naming how many values are NaN/Inf and the first offending groups, so a
+    broken reward function is reported instead of silently turning into NaN advantages.
+    """
+    rewards = _check_shape(rewards, name)
+    bad = ~torch.isfinite(rewards)
+    if bad.any():
+        groups = bad.any(dim=1).nonzero().flatten()[:5].tolist()
+        raise ValueError(f"{name} contain {int(bad.sum())} non-finite value(s) (NaN/Inf); first bad groups: {groups}")
+    return rewards
+
+
+def group_moments(rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group mean and sum of squared deviations of a ``[N, G]`` reward matrix.
+
+    Shifted-data algorithm (shift = each group's first reward): exact zeros for constant groups at
+    any value, and 4 passes over ``[N, G]`` instead of ``torch.std_mean``'s slow small-row path.
+
+    Returns:
+        ``(mean [N], ssd [N], probe)``; ``ssd / G`` is the population variance, ``probe`` a scalar
+        that is non-finite iff some reward is NaN/Inf (or the sums overflow).
+    """
+    g = rewards.shape[1]
+    shift = rewards[:, :1]
+    dev = rewards - shift
+    s1 = dev.sum(dim=1)
+    ssd = (dev * dev).sum(dim=1).sub_(s1 * s1 / g).clamp_min_(0.0)
+    return shift[:, 0] + s1 / g, ssd, s1.sum()
+
+
+@dataclass
+class CollapseStats:
+    """Per-group collapse masks (``[N]`` bool tensors), counts, and the derived rates."""
+
+    mean: torch.Tensor  # [N] group mean reward
+    ssd: torch.Tensor  # [N] sum of squared deviations (G * population variance)
+    collapsed: torch.Tensor  # [N] population std < tol
+    all_wrong: torch.Tensor  # [N] collapsed at the range minimum
+    all_right: torch.Tensor  # [N] collapsed at the range maximum
+    group_size: int
+    num_groups: int
+    num_collapsed: int
+    num_all_wrong: int
+    num_all_right: int
+
+    @property
+    def group_std(self) -> torch.Tensor:
+        """``[N]`` population std."""
+        return (self.ssd / self.group_size).sqrt()
+
+    def _rate(self, count: int) -> float:
+        return count / self.num_groups if self.num_groups else 0.0
+
+    @property
+    def acr(self) -> float:
+        return self._rate(self.num_collapsed)
+
+    @property
+    def acr_all_wrong(self) -> float:
+        return self._rate(self.num_all_wrong)
+
+    @property
+    def acr_all_right(self) -> float:
+        return self._rate(self.num_all_right)
+
+    @property
+    def acr_other(self) -> float:
+        """Collapsed at a constant strictly inside the reward range (non-binary rewards only)."""
+        return self._rate(self.num_collapsed - self.num_all_wrong - self.num_all_right)
+
+    def metrics(self, prefix: str = "") -> dict[str, float]:
+        """Flat float metrics, e.g. ``{prefix + "acr": 0.25, ...}``."""
+        return {
+            f"{prefix}acr": self.acr,
+            f"{prefix}acr_all_wrong": self.acr_all_wrong,
+            f"{prefix}acr_all_right": self.acr_all_right,
+            f"{prefix}acr_other": self.acr_other,
+        }
+
+
+def _classify(rewards, mean, ssd, probe, tol, reward_range, name="rewards") -> CollapseStats:
+    n, g = rewards.shape
+    lo, hi = reward_range
+    collapsed = ssd < g * tol * tol  # population std < tol
+    near_hi = (mean - hi).abs() <= tol
+    all_right = collapsed & near_hi
+    all_wrong = collapsed & ~near_hi & ((mean - lo).abs() <= tol)
+    # one device sync for the finiteness probe and the three counts
+    vals = torch.stack(
+        [probe.double(), collapsed.sum().double(), all_wrong.sum().double(), all_right.sum().double()]
+    ).tolist()
+    if not math.isfinite(vals[0]):
+        check_rewards(rewards, name)  # raises with the details when a value is NaN/Inf
+        raise ValueError(f"{name} are finite but their group sums overflow {rewards.dtype}")
+    return CollapseStats(mean, ssd, collapsed, all_wrong, all_right, g, n, *(int(v) for v in vals[1:]))
+
+
+def collapse_stats(
+    rewards: torch.Tensor,
+    tol: float = DEFAULT_TOL,
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+) -> CollapseStats:
+    """ACR of a batch of prompt groups.
+
+    Args:
+        rewards: ``[N, G]`` rewards, one row per prompt group (NaN/Inf raise ValueError).
+            N = 0 gives all rates 0.0.
+        tol: a group is collapsed when its population std is below ``tol`` (ALGORITHM.md tau).
+        reward_range: ``(lo, hi)``; a collapsed group at ``hi`` is all-right, at ``lo`` all-wrong.
+    """
+    rewards = _check_shape(rewards, "rewards")
+    return _classify(rewards, *group_moments(rewards), tol, reward_range)
+
+
+def dynamic_sampling_keep_mask(correctness: torch.Tensor, tol: float = DEFAULT_TOL) -> torch.Tensor:
+    """DAPO dynamic sampling on correctness std (ALGORITHM.md §3): keep groups with sigma_j >= tol.
+
+    OpenRLHF's own filter keeps a group when ``lo < mean(scores) < hi``, which lets constant
+    non-binary groups through; this mask keeps exactly the non-collapsed groups.
+
+    Args:
+        correctness: ``[N, G]`` correctness (or any reward view).
+    Returns:
+        ``[N]`` bool, True = keep.
+    """
+    return ~collapse_stats(correctness, tol).collapsed

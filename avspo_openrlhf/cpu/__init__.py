@@ -1,0 +1,1 @@
+"""CPU-only adapters for running OpenRLHF without a GPU. Never imported on the GPU path."""
