@@ -1,0 +1,1 @@
+"""Datasets: sources, loading with row-level errors, templates, synthetic arithmetic, Level3-500."""

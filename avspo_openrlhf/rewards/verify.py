@@ -1,0 +1,82 @@
+"""Verify one completion against a gold answer with math-verify, always returning a status.
+
+Statuses: ``correct`` (reward 1), ``wrong``, ``no_answer`` (nothing to extract), ``unparsable``
+(extracted, but math-verify cannot read it, or over the length cap), ``timeout`` (set by the
+process pool), ``error`` (an exception; its text is kept). Only ``correct`` earns reward 1.
+
+This function has no timeout of its own: math-verify's timeouts use SIGALRM, which does not work
+in threads or async actors. :class:`~avspo_openrlhf.rewards.pool.VerifierPool` runs it in worker
+processes and kills a worker that overruns.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+from .extract import extract_answer
+
+# math-verify warns on every call that its own (SIGALRM) timeout is disabled: we enforce ours.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+STATUSES = ("correct", "wrong", "no_answer", "unparsable", "timeout", "error")
+MAX_COMPLETION_CHARS = 32_000  # the tail is kept: final answers come last
+MAX_ANSWER_CHARS = 1_000
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    status: str
+    pred: str | None = None  # the extracted answer
+    detail: str = ""  # why (error text, cap hit, ...)
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.status == "correct" else 0.0
+
+
+def _as_math(answer: str) -> str:
+    # Raw gold like `2\sqrt{3}` is mis-parsed silently unless it is in math mode.
+    a = answer.strip()
+    return a if a.startswith("$") else f"${a}$"
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str):
+    from math_verify import parse
+
+    return parse(_as_math(gold), parsing_timeout=None)
+
+
+def verify_answer(
+    completion: str,
+    gold: str,
+    max_completion_chars: int = MAX_COMPLETION_CHARS,
+    max_answer_chars: int = MAX_ANSWER_CHARS,
+) -> VerifyResult:
+    """Score ``completion`` against ``gold`` (no timeout here; see the module docstring)."""
+    try:
+        from math_verify import parse, verify
+
+        if not isinstance(completion, str) or not isinstance(gold, str):
+            return VerifyResult("error", detail=f"expected str completion and gold, got {type(completion).__name__}, {type(gold).__name__}")
+        if not gold.strip():
+            return VerifyResult("error", detail="empty gold answer")
+        if len(gold) > max_answer_chars:
+            return VerifyResult("error", detail=f"gold answer longer than {max_answer_chars} chars")
+        pred, _ = extract_answer(completion[-max_completion_chars:])
+        if pred is None:
+            return VerifyResult("no_answer")
+        if len(pred) > max_answer_chars:
+            return VerifyResult("unparsable", pred[:200], f"answer longer than {max_answer_chars} chars")
+        gold_parsed = _parse_gold(gold)
+        if not gold_parsed:
+            return VerifyResult("error", pred, f"gold answer unparsable: {gold[:200]!r}")
+        pred_parsed = parse(_as_math(pred), parsing_timeout=None)
+        if not pred_parsed:
+            return VerifyResult("unparsable", pred)
+        ok = verify(gold_parsed, pred_parsed, timeout_seconds=None)
+        return VerifyResult("correct" if ok else "wrong", pred)
+    except Exception as e:  # noqa: BLE001 - every failure becomes an explicit status
+        return VerifyResult("error", detail=f"{type(e).__name__}: {e}"[:500])
