@@ -41,22 +41,34 @@ def _common(p: argparse.ArgumentParser, output: bool = True) -> None:
         help="prompt field: 'paper' = chat messages with the paper's system prompt (use with "
         "--data.apply_chat_template), 'plain' = one string for base models, 'none' = the bare problem",
     )
-    p.add_argument("--skip-bad-rows", action="store_true", help="skip malformed rows and report how many (default: stop at the first, naming file and line)")
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed rows and report how many (default: stop at the first, naming file and line)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="avspo-prepare-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="avspo-prepare-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("prepare", help="convert a benchmark (from the hub, or a local file in the hub's format)")
-    p.add_argument("name", choices=sorted(SOURCES), help="; ".join(f"{k}: {v.note} [{v.hub_id}]" for k, v in SOURCES.items()))
-    p.add_argument("--input", help="local .jsonl/.json in the hub's field format (offline); default: download from the hub")
+    p.add_argument(
+        "name", choices=sorted(SOURCES), help="; ".join(f"{k}: {v.note} [{v.hub_id}]" for k, v in SOURCES.items())
+    )
+    p.add_argument(
+        "--input", help="local .jsonl/.json in the hub's field format (offline); default: download from the hub"
+    )
     p.add_argument("--limit", type=int, default=None, help="keep only the first N rows")
     _common(p)
 
     p = sub.add_parser("arithmetic", help="the synthetic arithmetic task (CPU default pipeline)")
     p.add_argument("--n", type=int, default=512, help="number of problems")
-    p.add_argument("--levels", nargs="+", default=list(ARITH_LEVELS), choices=list(ARITH_LEVELS), help="difficulty levels, cycled")
+    p.add_argument(
+        "--levels", nargs="+", default=list(ARITH_LEVELS), choices=list(ARITH_LEVELS), help="difficulty levels, cycled"
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     _common(p)
 
@@ -66,7 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed")
     _common(p)
 
-    p = sub.add_parser("level3-select", help="Level3-500 as in the paper: keep MATH-train problems a selector model solves 30-50%% of the time")
+    p = sub.add_parser(
+        "level3-select",
+        help="Level3-500 as in the paper: keep MATH-train problems a selector model solves 30-50%% of the time",
+    )
     p.add_argument("--model", required=True, help="selector model path or hub id (paper: Qwen2.5-Math-1.5B)")
     p.add_argument("--input", help="MATH train .jsonl (default: download)")
     p.add_argument("--k", type=int, default=8, help="samples per problem")
@@ -89,7 +104,10 @@ def _vllm_sampler(args):
     params = SamplingParams(n=args.k, temperature=args.temperature, max_tokens=args.max_new_tokens)
 
     def sample(rows, k):
-        prompts = [tok.apply_chat_template(make_prompt(r["problem"], "paper"), tokenize=False, add_generation_prompt=True) for r in rows]
+        prompts = [
+            tok.apply_chat_template(make_prompt(r["problem"], "paper"), tokenize=False, add_generation_prompt=True)
+            for r in rows
+        ]
         return [[o.text for o in out.outputs] for out in llm.generate(prompts, params)]
 
     return sample

@@ -18,8 +18,9 @@ row (the hub's field names; local files in the same format work offline).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..rewards.extract import last_boxed
 
@@ -135,16 +136,38 @@ class Source:
     note: str = ""
 
 
-MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory", "prealgebra", "precalculus")
+MATH_SUBJECTS = (
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
 
 SOURCES: dict[str, Source] = {
     s.name: s
     for s in [
-        Source("math_train", "EleutherAI/hendrycks_math", MATH_SUBJECTS, "train", _math, "MATH train, 7,500; answer = last \\boxed{} of the solution"),
+        Source(
+            "math_train",
+            "EleutherAI/hendrycks_math",
+            MATH_SUBJECTS,
+            "train",
+            _math,
+            "MATH train, 7,500; answer = last \\boxed{} of the solution",
+        ),
         Source("math_test", "EleutherAI/hendrycks_math", MATH_SUBJECTS, "test", _math, "MATH test, 5,000"),
         Source("math500", "HuggingFaceH4/MATH-500", (None,), "test", _math, "MATH-500 (Lightman et al.)"),
         Source("gsm8k", "openai/gsm8k", ("main",), "test", _gsm8k, "GSM8K test, 1,319"),
-        Source("minerva", "math-ai/minervamath", (None,), "test", _question_answer("question", "answer"), "Minerva-Math, 272"),
+        Source(
+            "minerva",
+            "math-ai/minervamath",
+            (None,),
+            "test",
+            _question_answer("question", "answer"),
+            "Minerva-Math, 272",
+        ),
         Source(
             "olympiadbench",
             "Hothan/OlympiadBench",
@@ -153,8 +176,24 @@ SOURCES: dict[str, Source] = {
             _question_answer("question", "final_answer", "id", "solution"),
             "OlympiadBench, English open-ended math (675)",
         ),
-        Source("amc", "AI-MO/aimo-validation-amc", (None,), "train", _question_answer("problem", "answer", "id"), "AMC 2022-23, 83"),
-        Source("aime24", "HuggingFaceH4/aime_2024", (None,), "train", _question_answer("problem", "answer", "id", "solution"), "AIME 2024, 30"),
-        Source("mmlu_pro", "TIGER-Lab/MMLU-Pro", (None,), "test", _mmlu_pro, "MMLU-Pro (out of domain), multiple choice"),
+        Source(
+            "amc",
+            "AI-MO/aimo-validation-amc",
+            (None,),
+            "train",
+            _question_answer("problem", "answer", "id"),
+            "AMC 2022-23, 83",
+        ),
+        Source(
+            "aime24",
+            "HuggingFaceH4/aime_2024",
+            (None,),
+            "train",
+            _question_answer("problem", "answer", "id", "solution"),
+            "AIME 2024, 30",
+        ),
+        Source(
+            "mmlu_pro", "TIGER-Lab/MMLU-Pro", (None,), "test", _mmlu_pro, "MMLU-Pro (out of domain), multiple choice"
+        ),
     ]
 }

@@ -47,7 +47,12 @@ def _multi(rng):
     return f"What is {a} * {b} + {c}?", a * b + c
 
 
-ARITH_LEVELS: dict[str, Callable[[random.Random], tuple[str, int]]] = {"add1": _add1, "mul1": _mul1, "add2": _add2, "multi": _multi}
+ARITH_LEVELS: dict[str, Callable[[random.Random], tuple[str, int]]] = {
+    "add1": _add1,
+    "mul1": _mul1,
+    "add2": _add2,
+    "multi": _multi,
+}
 
 
 def synthetic_arithmetic(n: int, levels: Sequence[str] = tuple(ARITH_LEVELS), seed: int = 0) -> list[dict]:

@@ -46,12 +46,27 @@ def audit_references(rows: list[dict], pool: VerifierPool) -> tuple[dict, list[d
     # pair each row with the next row whose answer string differs
     others = []
     for i, r in enumerate(rows):
-        j = next((j % len(rows) for j in range(i + 1, i + len(rows)) if str(rows[j % len(rows)]["answer"]) != str(r["answer"])), None)
+        j = next(
+            (
+                j % len(rows)
+                for j in range(i + 1, i + len(rows))
+                if str(rows[j % len(rows)]["answer"]) != str(r["answer"])
+            ),
+            None,
+        )
         others.append(None if j is None else str(rows[j]["answer"]))
     pairs = [(r, o) for r, o in zip(rows, others) if o is not None]
     mism = _score(pool, [r["solution"] for r, _ in pairs], [o for _, o in pairs], "mismatched answers")
-    fn = [dict(r, status=res.status, extracted=res.pred, detail=res.detail) for r, res in zip(rows, own) if res.status != "correct"]
-    fp = [dict(r, other_answer=o, status=res.status, extracted=res.pred) for (r, o), res in zip(pairs, mism) if res.status == "correct"]
+    fn = [
+        dict(r, status=res.status, extracted=res.pred, detail=res.detail)
+        for r, res in zip(rows, own)
+        if res.status != "correct"
+    ]
+    fp = [
+        dict(r, other_answer=o, status=res.status, extracted=res.pred)
+        for (r, o), res in zip(pairs, mism)
+        if res.status == "correct"
+    ]
     report = {
         "n": len(rows),
         "false_negative_rate": len(fn) / len(rows),
@@ -82,11 +97,17 @@ def audit_labelled(rows: list[dict], pool: VerifierPool) -> tuple[dict, list[dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="avspo-reward-audit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="avspo-reward-audit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", help="rows with 'solution' and 'answer' (reference audit)")
     src.add_argument("--completions", help="rows with 'completion', 'answer', boolean 'label' (human-label audit)")
-    ap.add_argument("--out-dir", default="reward_audit", help="where report.json, false_negatives.jsonl and false_positives.jsonl go")
+    ap.add_argument(
+        "--out-dir",
+        default="reward_audit",
+        help="where report.json, false_negatives.jsonl and false_positives.jsonl go",
+    )
     ap.add_argument("--workers", type=int, default=None, help="verifier processes (default: CPU count)")
     ap.add_argument("--timeout", type=float, default=5.0, help="per-sample verification timeout, seconds")
     ap.add_argument("--limit", type=int, default=None, help="audit only the first N rows")

@@ -70,7 +70,7 @@ def response_from_query(query: str, prompt: str) -> str:
     if prompt and query.startswith(prompt):
         response = query[len(prompt) :]
     else:
-        tail = prompt[-200:].strip()
+        tail = prompt.strip()[-64:]
         pos = query.rfind(tail) if tail else -1
         response = query[pos + len(tail) :] if pos >= 0 else query
-    return _SPECIAL_TAIL_RE.sub("", response)
+    return _SPECIAL_TAIL_RE.sub("", response).lstrip()

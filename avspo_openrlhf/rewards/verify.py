@@ -60,7 +60,10 @@ def verify_answer(
         from math_verify import parse, verify
 
         if not isinstance(completion, str) or not isinstance(gold, str):
-            return VerifyResult("error", detail=f"expected str completion and gold, got {type(completion).__name__}, {type(gold).__name__}")
+            return VerifyResult(
+                "error",
+                detail=f"expected str completion and gold, got {type(completion).__name__}, {type(gold).__name__}",
+            )
         if not gold.strip():
             return VerifyResult("error", detail="empty gold answer")
         if len(gold) > max_answer_chars:

@@ -1,0 +1,188 @@
+"""Math verification: statuses, equivalent forms, adversarial inputs under a hard timeout, the
+OpenRLHF reward file called the way OpenRLHF calls it, and the reference audit on MATH-500."""
+
+import asyncio
+import importlib.util
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import shared_file
+
+from avspo_openrlhf.rewards import (
+    STATUSES,
+    VerifierPool,
+    extract_answer,
+    last_boxed,
+    response_from_query,
+    verify_answer,
+)
+from avspo_openrlhf.rewards.audit import audit_references
+
+TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with VerifierPool(2, timeout_s=TIMEOUT) as p:
+        yield p
+
+
+# ── extraction ──
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so \\boxed{\\frac{1}{2}} done", ("\\frac{1}{2}", "boxed")),
+        ("\\boxed{1} then \\boxed{\\{1, \\{2\\}\\}}", ("\\{1, \\{2\\}\\}", "boxed")),
+        ("nested \\boxed{a_{b_{c}}}", ("a_{b_{c}}", "boxed")),
+        ("\\fbox{7}", ("7", "boxed")),
+        ("\\boxed 42 .", ("42", "boxed")),
+        ("\\boxed{5} and a truncated \\boxed{\\frac{1}{", ("5", "boxed")),  # last balanced one
+        ("\\boxed{} The answer is 12.", ("12", "phrase")),  # empty box skipped
+        ("Final answer: $3\\sqrt{2}$", ("3\\sqrt{2}", "phrase")),
+        ("blah\n#### 1,234", ("1234", "hash")),
+        ("no answer here", (None, "none")),
+        ("", (None, "none")),
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_response_from_query_drops_the_prompt_and_special_tokens():
+    prompt = "<|im_start|>system\nput your final answer within \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+    assert response_from_query(prompt + "It is 4.<|im_end|><|endoftext|>", prompt) == "It is 4."
+    # decoding changed the prompt's start: cut after its tail instead
+    assert response_from_query(" " + prompt.lstrip("<") + "x \\boxed{2}", prompt) == "x \\boxed{2}"
+    assert last_boxed(response_from_query(prompt + "no box", prompt)) is None
+
+
+# ── verification ──
+
+EQUIVALENT = [
+    ("\\boxed{\\frac{1}{2}}", "1/2"),
+    ("\\boxed{0.5}", "\\frac12"),
+    ("\\boxed{\\dfrac{3}{4}}", "0.75"),
+    ("\\boxed{[1, 2)}", "[1,2)"),
+    ("\\boxed{(-\\infty, 3]}", "(-\\infty,3]"),
+    ("\\boxed{\\{2, 1\\}}", "\\{1,2\\}"),
+    ("\\boxed{10\\text{ cm}}", "10"),
+    ("\\boxed{90^\\circ}", "90"),
+    ("\\boxed{\\sqrt{12}}", "2\\sqrt{3}"),
+    ("The answer is 2\\sqrt{3}.", "2\\sqrt{3}"),
+    ("\\boxed{x=5}", "5"),
+    ("\\boxed{\\left( 3, \\frac{\\pi}{2} \\right)}", "\\left( 3, \\frac{\\pi}{2} \\right)"),
+]
+
+
+@pytest.mark.parametrize("completion, gold", EQUIVALENT)
+def test_equivalent_forms_are_correct(completion, gold):
+    assert verify_answer(completion, gold).status == "correct"
+
+
+@pytest.mark.parametrize(
+    "completion, gold, status",
+    [
+        ("\\boxed{3}", "4", "wrong"),
+        ("\\boxed{\\frac{1}{3}}", "0.33", "wrong"),
+        ("I give up", "4", "no_answer"),
+        ("\\boxed{" + "x" * 2000 + "}", "4", "unparsable"),
+        ("\\boxed{4}", "", "error"),
+    ],
+)
+def test_statuses(completion, gold, status):
+    r = verify_answer(completion, gold)
+    assert r.status == status and r.reward == float(status == "correct")
+
+
+def test_pool_scores_in_order_and_statuses_are_known(pool):
+    results = pool.score(["\\boxed{2}", "nothing", "\\boxed{3}"], ["2", "2", "4"])
+    assert [r.status for r in results] == ["correct", "no_answer", "wrong"]
+    with pytest.raises(ValueError, match="2 completions but 1"):
+        pool.score(["a", "b"], ["1"])
+
+
+ADVERSARIAL = [
+    "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",  # deeply nested braces
+    "\\boxed{9^{9^{9^{9}}}}",  # sympy would try to evaluate a tower
+    "x" * 1_000_000 + " \\boxed{1}",  # 1 MB completion
+    "\\boxed{" + "1+" * 300_000 + "1}",  # 1 MB answer
+    "\\boxed{\\left( 1, 2}",  # unbalanced \left(
+    "\\boxed{∀x∈ℝ: x² ≥ 0 ✓ 答案}",  # unicode
+    "\\boxed{\\frac{\\frac{\\frac{1}{2}}{3}}{\\sqrt{\\sqrt{\\sqrt{\\sqrt{2}}}}}}",
+    "",  # empty
+    "\\boxed{" * 10_000,  # unbalanced opener storm
+]
+
+
+def test_adversarial_inputs_finish_with_a_status_within_the_timeout(pool):
+    t0 = time.monotonic()
+    futures = [pool.submit(c, "1") for c in ADVERSARIAL]
+    for f in futures:
+        r = f.result(timeout=TIMEOUT * len(ADVERSARIAL) + 10)  # never a hang
+        assert r.status in STATUSES
+    # two workers, each sample bounded by TIMEOUT (+ replacing a killed worker)
+    assert time.monotonic() - t0 < TIMEOUT * len(ADVERSARIAL) / 2 + 10
+
+
+def test_hung_worker_is_killed_and_replaced(pool):
+    restarts = pool.num_restarts
+    hung = pool.submit("\\boxed{9^{9^{9^{9}}}}", "1")
+    after = [pool.submit("\\boxed{2}", "2") for _ in range(6)]
+    assert hung.result(timeout=30).status == "timeout"
+    assert [f.result(timeout=30).status for f in after] == ["correct"] * 6
+    assert pool.num_restarts > restarts
+
+
+# ── the OpenRLHF reward file ──
+
+REWARD_FILE = Path(__file__).resolve().parents[1] / "avspo_openrlhf" / "rewards" / "openrlhf_reward.py"
+
+
+def load_reward_func():
+    # exactly how OpenRLHF's SingleTurnAgentExecutor loads --reward.remote_url *.py
+    spec = importlib.util.spec_from_file_location("reward_func", str(REWARD_FILE))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.reward_func
+
+
+def test_reward_file_from_threads_and_asyncio(monkeypatch):
+    monkeypatch.setenv("AVSPO_REWARD_WORKERS", "2")
+    reward_func = load_reward_func()
+    prompt = "<|im_start|>user\nWhat is 2+2? Put it in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n"
+    cases = [(prompt + "\\boxed{4}<|im_end|>", 1.0), (prompt + "\\boxed{5}<|im_end|>", 0.0), (prompt + "hmm", 0.0)] * 8
+
+    def call(case):
+        return reward_func([case[0]], [prompt], ["4"])
+
+    with ThreadPoolExecutor(8) as ex:
+        outs = list(ex.map(call, cases))
+    for (_, expected), out in zip(cases, outs):
+        assert out["rewards"].tolist() == [expected] and out["scores"].tolist() == [expected]
+        assert sum(v.item() for v in out["extra_logs"].values()) == 1.0  # one status per sample
+        # what OpenRLHF's samples generator does with them
+        assert torch.tensor([out["rewards"]]).item() == expected
+    assert outs[2]["extra_logs"]["verify/no_answer"].item() == 1.0
+
+    async def openrlhf_style():
+        return await asyncio.gather(*[asyncio.to_thread(reward_func, [c], [prompt], ["4"]) for c, _ in cases[:6]])
+
+    assert [o["rewards"].item() for o in asyncio.run(openrlhf_style())] == [1.0, 0.0, 0.0] * 2
+
+
+# ── reference audit on MATH-500 ──
+
+
+def test_math500_references_audit(pool):
+    rows = [json.loads(line) for line in open(shared_file("math500.jsonl"))]
+    report, fn, fp = audit_references(rows, pool)
+    assert report["n"] == 500
+    assert 1 - report["false_negative_rate"] >= 0.995, fn[:3]
+    assert report["false_positive_rate"] <= 0.005, fp[:3]
+    assert report["status_own"]["timeout"] == 0
