@@ -186,3 +186,24 @@ def test_math500_references_audit(pool):
     assert 1 - report["false_negative_rate"] >= 0.995, fn[:3]
     assert report["false_positive_rate"] <= 0.005, fp[:3]
     assert report["status_own"]["timeout"] == 0
+
+
+def test_labelled_completions_audit(pool, tmp_path):
+    from avspo_openrlhf.rewards.audit import audit_labelled, main
+
+    rows = [
+        {"completion": "\\boxed{4}", "answer": "4", "label": True},  # agreed correct
+        {"completion": "so it is 4, I think", "answer": "4", "label": True},  # verifier misses: false negative
+        {"completion": "\\boxed{5}", "answer": "4", "label": False},  # agreed wrong
+        {"completion": "\\boxed{x=4}", "answer": "4", "label": False},  # verifier accepts: false positive vs the label
+    ]
+    report, fn, fp = audit_labelled(rows, pool)
+    assert report["false_negative_rate"] == 0.5 and report["false_positive_rate"] == 0.5
+    assert fn[0]["status"] == "no_answer" and fp[0]["completion"] == "\\boxed{x=4}"
+    with pytest.raises(ValueError, match="boolean 'label'"):
+        audit_labelled([{"completion": "x", "answer": "1", "label": "yes"}], pool)
+    path = tmp_path / "labelled.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["--completions", str(path), "--out-dir", str(tmp_path / "out"), "--workers", "1"]) == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["n"] == 4
+    assert len((tmp_path / "out" / "false_negatives.jsonl").read_text().splitlines()) == 1
