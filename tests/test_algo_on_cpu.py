@@ -388,3 +388,11 @@ def test_state_dicts_round_trip_exactly():
     assert [o.state_dict() for o in second] == [o.state_dict() for o in first]
     run(second, 25, 60, resumed)
     assert resumed == full
+
+
+def test_range_ends_match_despite_float32_rounding():
+    # 12 * 1 + 4.1089 computed in float32 lands ~1e-6 from the float64 range end (found by hypothesis)
+    shift = 4.108906851164958
+    r = torch.ones(1, 2) * 12.0 + shift
+    s = collapse_stats(r, reward_range=(shift, 12.0 + shift))
+    assert s.num_all_right == 1

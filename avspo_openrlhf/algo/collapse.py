@@ -113,9 +113,12 @@ def _classify(rewards, mean, ssd, probe, tol, reward_range, name="rewards") -> C
     n, g = rewards.shape
     lo, hi = reward_range
     collapsed = ssd < g * tol * tol  # population std < tol
-    near_hi = (mean - hi).abs() <= tol
+    # matching the range ends also allows a few float ulps: 12 * 1 + 4.1089 in float32 misses the
+    # float64 hi by ~1e-6 and must still count as all-right
+    atol = max(tol, 8 * torch.finfo(rewards.dtype).eps * max(abs(lo), abs(hi)))
+    near_hi = (mean - hi).abs() <= atol
     all_right = collapsed & near_hi
-    all_wrong = collapsed & ~near_hi & ((mean - lo).abs() <= tol)
+    all_wrong = collapsed & ~near_hi & ((mean - lo).abs() <= atol)
     # one device sync for the finiteness probe and the three counts
     vals = torch.stack(
         [probe.double(), collapsed.sum().double(), all_wrong.sum().double(), all_right.sum().double()]
