@@ -1,0 +1,171 @@
+"""One object that runs ALGORITHM.md §2.6 step by step for a trainer: ACR stats on both reward
+views, the gate, AVSPO advantages, the adaptive threshold, the monitors, and their state.
+
+Pure (torch only). A trainer calls :meth:`AVSPOController.step` once per rollout batch with the
+``[N, G]`` raw (correctness) and shaped rewards, and :meth:`after_train` with the optimizer's
+metrics; ``state_dict`` goes into the checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .advantages import group_advantages
+from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, collapse_stats
+from .monitors import ACRTracker, EntropyCollapseMonitor, KLDriftMonitor
+from .threshold import AdaptiveThreshold
+
+ALARMS = ("acr_stall", "acr_volatility", "entropy_collapse", "kl_drift")
+
+
+class AVSPOController:
+    """ACR monitoring (always) and AVSPO advantages (``enable=True``) for a stream of batches.
+
+    Args:
+        enable: compute AVSPO advantages; otherwise :meth:`step` only measures and returns ``None``
+            (the trainer's own estimator, e.g. GRPO, is used).
+        gate_view: ``raw`` (correctness, the paper's) or ``shaped``: the view whose ACR feeds
+            ACR_gate, the K rule and the threshold. Advantages always use the shaped rewards,
+            which are what the policy is trained on.
+        tol, reward_range: collapse tolerance and reward range (see ``collapse_stats``).
+        tracker: kwargs of :class:`ACRTracker` (smoothing, window, ...).
+        strategy, alpha, r_anchor, gamma, std, eps: AVSPO options (see ``group_advantages``).
+        tau_init, eta, tau_bounds, reward_ema_decay: :class:`AdaptiveThreshold`.
+        seed: seeds the ``random_uniform`` strategy (its generator state is checkpointed).
+        entropy_threshold, entropy_patience: entropy-collapse alarm (``None`` threshold: off).
+        kl_bound, kl_patience: KL-drift alarm (``None`` bound: off).
+    """
+
+    def __init__(
+        self,
+        *,
+        enable: bool = False,
+        gate_view: str = "raw",
+        tol: float = DEFAULT_TOL,
+        reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+        tracker: dict[str, Any] | None = None,
+        strategy: str = "stratified",
+        alpha: float = 0.5,
+        r_anchor: float = 0.1,
+        gamma: float = 0.5,
+        std: str = "population",
+        eps: float = 1e-6,
+        tau_init: float = 0.5,
+        eta: float = 0.01,
+        tau_bounds: tuple[float, float] = (0.1, 0.9),
+        reward_ema_decay: float = 0.9,
+        seed: int = 0,
+        entropy_threshold: float | None = 0.5,
+        entropy_patience: int = 50,
+        kl_bound: float | None = None,
+        kl_patience: int = 20,
+    ):
+        if gate_view not in ("raw", "shaped"):
+            raise ValueError(f"gate_view must be 'raw' or 'shaped', got {gate_view!r}")
+        self.enable, self.gate_view = bool(enable), gate_view
+        self.tol, self.reward_range = float(tol), (float(reward_range[0]), float(reward_range[1]))
+        self.adv_kwargs = dict(
+            strategy=strategy, alpha=alpha, r_anchor=r_anchor, gamma=gamma, std=std, eps=eps, tol=self.tol
+        )
+        self.tracker = ACRTracker(**(tracker or {}))
+        self.threshold = AdaptiveThreshold(tau_init, eta, tuple(tau_bounds), reward_ema_decay)
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.entropy = (
+            EntropyCollapseMonitor(entropy_threshold, entropy_patience) if entropy_threshold is not None else None
+        )
+        self.kl = KLDriftMonitor(kl_bound, kl_patience) if kl_bound is not None else None
+        self.steps = 0
+
+    def step(
+        self, raw: torch.Tensor, shaped: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
+        """One batch: ``raw``/``shaped`` are ``[N, G]`` (``shaped=None``: same as raw).
+
+        Returns ``(advantages [N, G] or None, metrics)``; advantages are for the real samples of
+        the shaped rewards (``None`` when AVSPO is off).
+        """
+        shaped = raw if shaped is None else shaped
+        if raw.shape != shaped.shape:
+            raise ValueError(f"raw {tuple(raw.shape)} and shaped {tuple(shaped.shape)} rewards differ in shape")
+        raw_stats = collapse_stats(raw, self.tol, self.reward_range)
+        shaped_stats = raw_stats if shaped is raw else collapse_stats(shaped, self.tol, self.reward_range)
+        gate_stats, gate_rewards = (raw_stats, raw) if self.gate_view == "raw" else (shaped_stats, shaped)
+        self.tracker.observe(gate_stats)
+
+        metrics = raw_stats.metrics()
+        metrics.update({k.replace("acr", "acr_shaped", 1): v for k, v in shaped_stats.metrics().items()})
+        metrics["frac_reward_zero_std"] = shaped_stats.acr  # TRL's name for the same quantity
+        metrics["reward_raw_mean"] = float(raw.mean()) if raw.numel() else 0.0
+
+        adv = None
+        num_effective = shaped_stats.num_collapsed  # GRPO-family estimators zero collapsed groups
+        if self.enable:
+            adv, info = group_advantages(
+                shaped,
+                "avspo",
+                reward_range=self.reward_range,
+                acr_gate=self.tracker.acr_gate,
+                tau_adapt=self.threshold.tau,
+                generator=self.generator,
+                **self.adv_kwargs,
+            )
+            num_effective = round(info["acr_effective"] * shaped_stats.num_groups)
+            nv = info["num_virtual"]
+            metrics.update(
+                gate_open=float(info["gate_open"]),
+                num_virtual_k=float(info["num_virtual_k"]),
+                num_virtual_per_collapsed=float(nv.sum()) / shaped_stats.num_collapsed
+                if shaped_stats.num_collapsed
+                else 0.0,
+                tau_adapt_used=self.threshold.tau,
+            )
+            metrics.update(
+                self.threshold.update(gate_stats.acr, float(gate_rewards.mean()) if gate_rewards.numel() else 0.0)
+            )
+        self.tracker.record_effective(num_effective)
+        metrics["acr_effective"] = num_effective / shaped_stats.num_groups if shaped_stats.num_groups else 0.0
+        metrics.update(self.tracker.metrics())
+        self.steps += 1
+        return adv, metrics
+
+    def after_train(self, status: dict[str, float], kl_key: str = "kl") -> dict[str, float]:
+        """Feed the optimizer's metrics (OpenRLHF's ``entropy_loss`` and ``kl``/``ppo_kl``) to the
+        entropy and KL monitors; returns their metrics."""
+        out: dict[str, float] = {}
+        if self.entropy is not None and "entropy_loss" in status:
+            out.update(self.entropy.update(float(status["entropy_loss"])))
+        if self.kl is not None and kl_key in status:
+            out.update(self.kl.update(float(status[kl_key])))
+        return out
+
+    def alarms(self) -> dict[str, bool]:
+        """Which alarms are on now."""
+        m = self.tracker.metrics()
+        return {
+            "acr_stall": bool(m["alarm/acr_stall"]),
+            "acr_volatility": bool(m["alarm/acr_volatility"]),
+            "entropy_collapse": bool(self.entropy is not None and self.entropy.on),
+            "kl_drift": bool(self.kl is not None and self.kl.on),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "tracker": self.tracker.state_dict(),
+            "threshold": self.threshold.state_dict(),
+            "generator": self.generator.get_state().tolist(),
+            "entropy": self.entropy.state_dict() if self.entropy is not None else None,
+            "kl": self.kl.state_dict() if self.kl is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self.tracker.load_state_dict(state["tracker"])
+        self.threshold.load_state_dict(state["threshold"])
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        if self.entropy is not None and state.get("entropy") is not None:
+            self.entropy.load_state_dict(state["entropy"])
+        if self.kl is not None and state.get("kl") is not None:
+            self.kl.load_state_dict(state["kl"])

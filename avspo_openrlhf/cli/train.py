@@ -1,0 +1,113 @@
+"""``avspo-train``: OpenRLHF's ``openrlhf.cli.train_ppo_ray`` plus ACR monitoring, AVSPO, the std
+dynamic filter, health monitors and the version-tagged async buffer.
+
+OpenRLHF builds its parser inside ``if __name__ == "__main__"``; we run that module with ``runpy``
+while ``ArgumentParser.parse_args`` adds our flag groups and ``hierarchize`` validates them, so all
+of OpenRLHF's flags, defaults and checks stay exactly as they are.
+
+    avspo-train --help                  # OpenRLHF's flags and ours
+    avspo-train --dry-run <flags>       # parse + validate, print the final config, exit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import sys
+from contextlib import contextmanager
+from types import SimpleNamespace
+
+from avspo_openrlhf.trainer import config
+
+OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
+DESCRIPTION = (
+    "avspo-train: OpenRLHF 0.11.2 PPO/GRPO training (Ray + vLLM + DeepSpeed) with Advantage Collapse Rate "
+    "monitoring, AVSPO virtual-sample advantages (--avspo.enable), a std-based dynamic filter, entropy/KL "
+    "alarms and a version-tagged async rollout buffer. Every OpenRLHF flag keeps its meaning."
+)
+
+
+class _DryRun(Exception):
+    pass
+
+
+@contextmanager
+def _patched(obj, name, value):
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def _to_dict(ns):
+    if isinstance(ns, SimpleNamespace):
+        return {k: _to_dict(v) for k, v in vars(ns).items()}
+    return ns if isinstance(ns, (int, float, str, bool, type(None), list, tuple)) else repr(ns)
+
+
+def run(argv: list[str] | None = None, *, dry_run: bool = False):
+    """Parse ``argv`` with OpenRLHF's parser + ours and train (or, with ``dry_run``, return the
+    validated ``args`` without touching Ray)."""
+    import openrlhf.utils.config as orl_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parsed = {}
+    orig_parse, orig_hier = argparse.ArgumentParser.parse_args, orl_config.hierarchize
+
+    def parse_args(self, args=None, namespace=None):
+        if not getattr(self, "_avspo_added", False):
+            self._avspo_added = True
+            self.description = self.description or DESCRIPTION
+            self.add_argument(
+                "--dry-run", action="store_true", help="Parse and validate all flags, print the config, exit."
+            )
+            config.add_args(self)
+        return orig_parse(self, args, namespace)
+
+    def hierarchize(args):
+        dry = vars(args).pop("dry_run", False)
+        out = orig_hier(args)
+        config.validate(out)
+        parsed["args"], parsed["dry"] = out, dry or dry_run
+        return out
+
+    def is_initialized():  # first call inside OpenRLHF's train(): stop here on a dry run
+        if parsed.get("dry"):
+            raise _DryRun
+        return orig_is_initialized()
+
+    import ray
+
+    orig_is_initialized = ray.is_initialized
+    from avspo_openrlhf.trainer.trainers import install
+
+    install()
+    old_argv = sys.argv
+    sys.argv = ["avspo-train", *argv]
+    try:
+        with (
+            _patched(argparse.ArgumentParser, "parse_args", parse_args),
+            _patched(orl_config, "hierarchize", hierarchize),
+            _patched(ray, "is_initialized", is_initialized),
+        ):
+            runpy.run_module(OPENRLHF_MAIN, run_name="__main__", alter_sys=True)
+    except _DryRun:
+        pass
+    finally:
+        sys.argv = old_argv
+    return parsed.get("args")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = run(argv)
+    if args is not None and "--dry-run" in argv:
+        print(json.dumps(_to_dict(args), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""OpenRLHF's ``SamplesGenerator`` with policy-version tags, a std-based dynamic filter, correct
+filter accounting, generator idle time, and prompts re-queued by the async staleness bound.
+
+Every sample leaves with batch metadata in ``info`` (popped by the trainer before training):
+``policy_version`` (weights version that generated it), ``gen_cost`` (generated ÷ kept samples of
+its generation call, 1.0 without filtering) and ``gen_idle_s`` (generator idle time before it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import ray
+import torch
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator, _collect_prompt_batch
+from tqdm import tqdm
+
+from avspo_openrlhf.algo import dynamic_sampling_keep_mask
+
+from .config import ensure
+
+TAG_KEYS = ("policy_version", "gen_cost", "gen_idle_s")
+
+
+class _Requeued:
+    """Iterator over prompt batches: re-queued ones first, then the dataloader."""
+
+    def __init__(self, pending: deque, it):
+        self.pending, self.it = pending, it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.pending.popleft() if self.pending else next(self.it)
+
+
+class AVSPOSamplesGenerator(SamplesGenerator):
+    """Args (besides OpenRLHF's): ``version_fn() -> int`` gives the policy version in the engines
+    now; ``stop_fn() -> bool`` ends generation early (alarms); ``requeue_fn() -> list`` returns prompt batches ``(None, [prompt], [label], [image])`` to
+    generate before new ones (over-stale batches in async mode)."""
+
+    def __init__(self, *args, version_fn=None, requeue_fn=None, stop_fn=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        ensure(self.args)
+        self.version_fn = version_fn or (lambda: 0)
+        self.requeue_fn = requeue_fn
+        self.stop_fn = stop_fn
+        self.stop = False  # set by the trainer (or stop_fn) when an alarm stops the run
+        self.pending: deque = deque()
+        self._version = 0
+        self._last_end: float | None = None
+        self._training_call = False
+        self._last_kept_groups = 0
+
+    def generate_samples(self, **generate_kwargs):
+        if self.stop or (self.stop_fn is not None and self.stop_fn()):
+            return [], None, 0, True
+        t0 = time.time()
+        idle = 0.0 if self._last_end is None else t0 - self._last_end
+        if self.requeue_fn is not None:
+            self.pending.extend(self.requeue_fn())
+        self._training_call = True
+        try:
+            samples, pass_rate, consumed, exhausted = super().generate_samples(**generate_kwargs)
+        finally:
+            self._training_call = False
+        self._last_end = time.time()
+        if pass_rate is not None:
+            # OpenRLHF 0.11.2 divides kept *samples* by consumed *prompts*: inflated by n
+            pass_rate /= self.args.rollout.n_samples_per_prompt
+        elif self.args.dynamic.std_filter and consumed:
+            pass_rate = 100.0 * self._last_kept_groups / consumed
+        for s in samples:
+            s.info["gen_idle_s"] = torch.tensor([idle])
+        return samples, pass_rate, consumed, exhausted
+
+    def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
+        self._version = int(self.version_fn())
+        training = self._training_call
+        if training and self.pending:
+            dataloader_iter = _Requeued(self.pending, dataloader_iter)
+        if training and self.args.dynamic.std_filter:
+            out = self._generate_std_filtered(dataloader_iter, num_prompts, **generate_kwargs)
+        else:
+            out = super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
+        samples, consumed, _ = out
+        n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
+        self._last_kept_groups = len(samples) // max(n, 1)
+        cost = consumed * n / len(samples) if samples else 0.0
+        for s in samples:
+            s.info["gen_cost"] = torch.tensor([cost])
+        return out
+
+    def _process_response_into_experience(self, response, **generate_kwargs):
+        exp = super()._process_response_into_experience(response, **generate_kwargs)
+        exp.info["policy_version"] = torch.tensor([self._version])
+        return exp
+
+    def _generate_std_filtered(self, dataloader_iter, num_prompts: int, **generate_kwargs):
+        """DAPO dynamic sampling: keep a group only if its reward std >= --acr.tol; every dropped
+        group is replaced by a new prompt until the batch is full or the data runs out."""
+        tol = self.args.acr.tol
+        prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, num_prompts)
+        if not prompts:
+            return [], 0, True
+        consumed = len(prompts)
+        pending = self._dispatch_prompts_to_vllm(prompts, labels, images=images, **generate_kwargs)
+        accepted = []
+        pbar = tqdm(total=len(prompts), desc="Generate samples (std filter)")
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=10.0)
+            for ref in ready:
+                group = [self._process_response_into_experience(r, **generate_kwargs) for r in ray.get(ref)]
+                if any(e.rewards is None for e in group):
+                    raise ValueError("--dynamic.std_filter needs rule-based rewards (--reward.remote_url)")
+                rewards = torch.cat([e.rewards for e in group]).float()[None]
+                if bool(dynamic_sampling_keep_mask(rewards, tol)[0]):
+                    accepted.extend(group)
+                    pbar.update()
+                    continue
+                new_p, new_l, new_i, exhausted = _collect_prompt_batch(dataloader_iter, 1)
+                consumed += len(new_p)
+                if new_p:
+                    pending.extend(self._dispatch_prompts_to_vllm(new_p, new_l, images=new_i, **generate_kwargs))
+            pbar.set_postfix({"prompts_consumed": consumed})
+        pbar.close()
+        return accepted, consumed, exhausted

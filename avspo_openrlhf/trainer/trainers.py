@@ -1,0 +1,314 @@
+"""OpenRLHF's trainers (sync ``PPOTrainer``, async ``PPOTrainerAsync``) with our experience maker,
+samples generator, metrics, checkpointed state, alarms, and the version-tagged async buffer.
+
+Ray forbids subclassing a ``@ray.remote`` class, so each class here subclasses the wrapped
+``__ray_actor_class__`` and is wrapped again. ``PPOTrainerAsync.__init__`` builds its lock, generator
+and trainer actors from module globals, so ours swaps those globals for the duration of the call.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ray
+import torch
+from openrlhf.trainer import ppo_trainer_async as _async
+from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
+from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
+from openrlhf.utils.logging_utils import init_logger
+
+from .config import ensure
+from .experience_maker import AVSPOExperienceMaker
+from .samples import TAG_KEYS, AVSPOSamplesGenerator
+
+logger = init_logger(__name__)
+
+STATE_KEY = "avspo_state"
+SKIPPED = "_avspo_skipped"
+
+
+def pop_tags(rollout_samples) -> dict[str, torch.Tensor]:
+    """Remove the generator's per-sample batch metadata from ``info`` and return it stacked."""
+    tags = {k: [] for k in TAG_KEYS}
+    for s in rollout_samples:
+        for k in TAG_KEYS:
+            v = s.info.pop(k, None)
+            if v is not None:
+                tags[k].append(v.float().reshape(-1))
+    return {k: torch.cat(v) for k, v in tags.items() if v}
+
+
+class AVSPOTrainerMixin:
+    """Goes before an OpenRLHF trainer class in the MRO; call :meth:`_avspo_setup` after its
+    ``__init__``."""
+
+    def _avspo_setup(self) -> None:
+        ensure(self.args)
+        self.experience_maker = AVSPOExperienceMaker(
+            self.actor_model_group,
+            self.critic_model_group,
+            self.reward_model_group,
+            self.reference_model_group,
+            self.kl_ctl,
+            self.strategy,
+            self.tokenizer,
+        )
+        self.controller = self.experience_maker.controller
+        self.policy_version = 0  # trainer step whose weights the rollout engines hold
+        # cumulative async/dynamic-sampling counters, checkpointed with the controller
+        self.counters = dict(trained_batches=0, dropped_stale_batches=0, requeued_prompts=0, generated=0.0, trained=0)
+        self._idle_s = 0.0
+        self.stop_reason = ""  # set when --monitor.stop_on_alarm fires
+
+    # ── one step ──
+    def train_step(self, rollout_samples, global_step: int):
+        if self.stop_reason:  # batches already in flight when an alarm stopped the run
+            return {SKIPPED: True}, global_step
+        tags = pop_tags(rollout_samples)
+        extra: dict[str, float] = {}
+        if "policy_version" in tags:
+            staleness = global_step - int(tags["policy_version"].min())
+            extra["async/staleness"] = float(staleness)
+            extra["async/policy_version"] = float(tags["policy_version"].min())
+            bound = self.args.buffer.max_staleness
+            if self.args.train.async_enable and bound is not None and staleness > bound:
+                return self._reject_stale(rollout_samples, staleness, global_step), global_step
+        status, step = super().train_step(rollout_samples, global_step)
+        self.policy_version = step
+        c = self.counters
+        c["trained_batches"] += 1
+        c["trained"] += len(rollout_samples)
+        if "gen_cost" in tags:
+            c["generated"] += float(tags["gen_cost"].sum())
+            extra["dynamic/generated_per_trained"] = float(tags["gen_cost"].mean())
+            extra["dynamic/generated_per_trained_cum"] = c["generated"] / c["trained"]
+        if "gen_idle_s" in tags:
+            extra["async/generator_idle_s"] = float(tags["gen_idle_s"].max())
+        extra["async/trainer_idle_s"], self._idle_s = self._idle_s, 0.0
+        extra["async/dropped_stale_batches_cum"] = float(c["dropped_stale_batches"])
+        kl_key = "kl" if self.args.monitor.kl_source == "ref" else "ppo_kl"
+        status.update(self.controller.after_train(status, kl_key))
+        status.update(extra)
+        return status, step
+
+    def _reject_stale(self, rollout_samples, staleness: int, global_step: int) -> dict:
+        self.counters["dropped_stale_batches"] += 1
+        n = self.args.rollout.n_samples_per_prompt
+        if self.args.buffer.stale_policy == "regenerate":
+            firsts = rollout_samples[::n]  # the generator emits each prompt's n samples together
+            batches = [(None, s.prompts[:1], s.labels[:1], (s.images or [None])[:1]) for s in firsts]
+            self._requeue(batches)
+            self.counters["requeued_prompts"] += len(batches)
+        logger.warning(
+            f"[avspo] batch of {len(rollout_samples)} samples is {staleness} versions stale "
+            f"(> --buffer.max_staleness {self.args.buffer.max_staleness}): {self.args.buffer.stale_policy}"
+        )
+        return {SKIPPED: True}
+
+    def _requeue(self, batches) -> None:
+        raise NotImplementedError("re-generation needs the async trainer")
+
+    def _compute_rollout_stats(self, experiences):
+        stats = super()._compute_rollout_stats(experiences)
+        stats.update(self.experience_maker.last_metrics)
+        return stats
+
+    # ── state in checkpoints ──
+    def avspo_state_dict(self) -> dict:
+        return {"controller": self.controller.state_dict(), "counters": dict(self.counters)}
+
+    def load_avspo_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self.counters.update(state["counters"])
+
+    def restore_best_checkpoint_state(self, checkpoint_states) -> None:
+        super().restore_best_checkpoint_state(checkpoint_states)
+        if checkpoint_states:
+            self.policy_version = int(checkpoint_states.get("global_step", 0))
+            if checkpoint_states.get(STATE_KEY):
+                self.load_avspo_state_dict(checkpoint_states[STATE_KEY])
+                logger.info(f"[avspo] restored ACR/threshold state at step {self.policy_version}")
+
+    def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
+        client_states = dict(client_states or {}, **{STATE_KEY: self.avspo_state_dict()})
+        return super().save_best_checkpoint(eval_metrics, global_step, client_states)
+
+    def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
+        if logs_dict and logs_dict.get(SKIPPED):
+            return  # an over-stale batch: no step was taken, nothing to log or save
+        client_states = dict(client_states or {}, **{STATE_KEY: self.avspo_state_dict()})
+        super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
+        self._maybe_stop(global_step, client_states)
+
+    def _maybe_stop(self, global_step: int, client_states: dict) -> None:
+        stop = set(self.args.monitor.stop_on_alarm)
+        fired = [a for a, on in self.controller.alarms().items() if on and (a in stop or "any" in stop)]
+        if not fired or self.stop_reason:
+            return
+        if global_step % self.args.ckpt.save_steps != 0:  # not saved above
+            tag = f"global_step{global_step}"
+            refs = self.actor_model_group.async_run_method(
+                method_name="save_checkpoint", tag=tag, client_states=client_states
+            )
+            if self.critic_model_group is not None:
+                refs.extend(self.critic_model_group.async_run_method(method_name="save_checkpoint", tag=tag))
+            ray.get(refs)
+        self.stop_reason = f"alarm(s) {fired} at step {global_step}"
+        logger.error(
+            f"[avspo] stopping: {self.stop_reason} (--monitor.stop_on_alarm); checkpoint in {self.args.ckpt.path}"
+        )
+        self._request_stop()
+
+    def _request_stop(self) -> None:
+        self.samples_generator.stop = True  # the generator reports "exhausted"; fit() ends normally
+
+
+class _PPOTrainer(AVSPOTrainerMixin, PPOTrainer.__ray_actor_class__):
+    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                 reference_model_group, vllm_engines, **generate_kwargs):  # fmt: skip
+        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                         reference_model_group, vllm_engines, **generate_kwargs)  # fmt: skip
+        self._avspo_setup()
+        self.samples_generator = AVSPOSamplesGenerator(
+            strategy=strategy,
+            prompts_dataloader=self.prompts_dataloader,
+            eval_dataloader=self.eval_dataloader,
+            tokenizer=self.tokenizer,
+            vllm_engines=vllm_engines,
+            version_fn=lambda: self.policy_version,
+        )
+
+
+AVSPOPPOTrainer = ray.remote(_PPOTrainer)
+
+
+# ── async ──
+
+
+class _AsyncCoordinator(_async.VLLMLock.__ray_actor_class__):
+    """OpenRLHF's vLLM lock, plus the policy version the engines hold and the prompts the trainer
+    sent back for re-generation. Both actors already share the lock, so no new wiring is needed."""
+
+    def __init__(self):
+        super().__init__()
+        self.version = 0
+        self.requeued: list = []
+        self.stop = False
+
+    async def set_version(self, version: int) -> None:
+        self.version = int(version)
+
+    async def get_version(self) -> int:
+        return self.version
+
+    async def requeue(self, batches: list) -> None:
+        self.requeued.extend(batches)
+
+    async def take_requeued(self) -> list:
+        out, self.requeued = self.requeued, []
+        return out
+
+    async def request_stop(self) -> None:
+        self.stop = True
+
+    async def should_stop(self) -> bool:
+        return self.stop
+
+
+class _TimedQueue:
+    """Wraps the trainer's rollout queue; the time blocked in ``get`` is the trainer's idle time."""
+
+    def __init__(self, queue, owner):
+        self._queue, self._owner = queue, owner
+
+    def get(self, *args, **kwargs):
+        t0 = time.time()
+        try:
+            return self._queue.get(*args, **kwargs)
+        finally:
+            self._owner._idle_s += time.time() - t0
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+
+class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
+    def __init__(self, pretrain, strategy, vllm_engines, *, vllm_lock, rollout_queue, rollout_slots, **generate_kwargs):
+        super().__init__(pretrain, strategy, vllm_engines, vllm_lock=vllm_lock, rollout_queue=rollout_queue,
+                         rollout_slots=rollout_slots, **generate_kwargs)  # fmt: skip
+        old = self.samples_generator
+        self.samples_generator = AVSPOSamplesGenerator(
+            strategy=strategy,
+            prompts_dataloader=self.prompts_dataloader,
+            eval_dataloader=self.eval_dataloader,
+            tokenizer=old.tokenizer,
+            vllm_engines=vllm_engines,
+            version_fn=lambda: ray.get(vllm_lock.get_version.remote()),
+            requeue_fn=lambda: ray.get(vllm_lock.take_requeued.remote()),
+            stop_fn=lambda: ray.get(vllm_lock.should_stop.remote()),
+        )
+
+
+class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._avspo_setup()
+        self.rollout_queue = _TimedQueue(self.rollout_queue, self)
+
+    def _requeue(self, batches) -> None:
+        ray.get(self.vllm_lock.requeue.remote(batches))
+
+    def _request_stop(self) -> None:
+        ray.get(self.vllm_lock.request_stop.remote())
+
+    def broadcast_to_vllm(self):
+        # OpenRLHF's TrainingActor.broadcast_to_vllm, plus publishing the new version while the
+        # lock is held, so a generation that starts afterwards reads the weights it really uses
+        ray.get(self.vllm_lock.acquire.remote())
+        if self._partial_rollout:
+            batch_vllm_engine_call(self.vllm_engines, "pause_generation")
+        try:
+            BasePPOTrainer.broadcast_to_vllm(self)
+            ray.get(self.vllm_lock.set_version.remote(self.policy_version))
+        finally:
+            if self._partial_rollout:
+                batch_vllm_engine_call(self.vllm_engines, "resume_generation")
+            ray.get(self.vllm_lock.release.remote())
+
+    def train_step(self, rollout_samples, global_step: int):
+        # broadcast (inside super().train_step) must publish the version being produced
+        self.policy_version = global_step + 1
+        step = global_step
+        try:
+            status, step = super().train_step(rollout_samples, global_step)
+        finally:
+            self.policy_version = step  # unchanged when the batch was skipped or training failed
+        return status, step
+
+
+class _PPOTrainerAsync(_async.PPOTrainerAsync.__ray_actor_class__):
+    def __init__(self, *args, **kwargs):
+        swap = {
+            "VLLMLock": ray.remote(num_cpus=0)(_AsyncCoordinator),
+            "GenerateSamplesActor": ray.remote(_GenerateSamplesActor),
+            "TrainingActor": ray.remote(_TrainingActor),
+        }
+        saved = {k: getattr(_async, k) for k in swap}
+        for k, v in swap.items():
+            setattr(_async, k, v)
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            for k, v in saved.items():
+                setattr(_async, k, v)
+
+
+AVSPOPPOTrainerAsync = ray.remote(_PPOTrainerAsync)
+
+
+def install() -> None:
+    """Make OpenRLHF's ``train()`` pick our trainers (it imports them at call time)."""
+    from openrlhf.trainer import ppo_trainer, ppo_trainer_async
+
+    ppo_trainer.PPOTrainer = AVSPOPPOTrainer
+    ppo_trainer_async.PPOTrainerAsync = AVSPOPPOTrainerAsync

@@ -1,0 +1,173 @@
+"""avspo-train on OpenRLHF 0.11.2: the CLI and its flags, and our experience maker inside
+OpenRLHF's own advantage code (CPU, no Ray)."""
+
+import copy
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from orl import experiences_with_kl, make_maker, parse, rollout_samples, sample_advantage
+
+from avspo_openrlhf.algo import group_advantages
+from avspo_openrlhf.cli.train import main
+from avspo_openrlhf.trainer import config
+
+pytest.importorskip("openrlhf")
+from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
+
+from avspo_openrlhf.trainer.experience_maker import AVSPOExperienceMaker  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUR_FLAGS = [f for flags in config.FLAGS.values() for f, _ in flags]
+
+
+# ── CLI ──
+
+
+def test_help_lists_openrlhf_and_our_flags(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ["--algo.advantage.estimator", "--train.async_enable", "--reward.remote_url", *OUR_FLAGS]:
+        assert flag in out, flag
+    assert "ACR-gated virtual samples" in out  # help text, not just names
+
+
+def test_flags_parse_into_namespaces_with_openrlhf_validation():
+    args = parse("--avspo.enable", "--avspo.strategy", "opposite", "--acr.window", "1", "--buffer.max_staleness", "2",
+                 "--actor.eps_clip", "0.2")  # fmt: skip
+    assert args.avspo.enable and args.avspo.strategy == "opposite" and args.acr.window == 1
+    assert args.buffer.max_staleness == 2
+    assert args.actor.eps_clip_low_high == (0.2, 0.2)  # OpenRLHF's own post-parse validation ran
+    assert args.reward.remote_url == ["reward.py"]
+    assert args.actor.entropy_coef == 0.0  # entropy measured for the monitor, no loss term
+
+
+@pytest.mark.parametrize(
+    "flags, msg",
+    [
+        (["--avspo.enable", "--algo.advantage.estimator", "rloo"], "group_norm"),
+        (["--avspo.enable", "--avspo.tau_init", "0.95"], "tau_bounds"),
+        (["--dynamic.std_filter", "--algo.dynamic_filtering_enable"], "not both"),
+        (["--acr.reward_range", "1", "0"], "LO < HI"),
+    ],
+)
+def test_invalid_flag_combinations_are_rejected(flags, msg):
+    with pytest.raises(ValueError, match=msg):
+        parse(*flags)
+
+
+def _command(text: str) -> list[str]:
+    """The ``avspo-train ...`` command in a shell text, continuation lines joined, ${VAR:-x} -> x."""
+    text = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", text)
+    lines, out, on = text.splitlines(), [], False
+    for line in lines:
+        s = line.strip()
+        if s.startswith("avspo-train") or (s.startswith("python -m avspo_openrlhf.cli.train")):
+            on = True
+        if on:
+            out.append(s.rstrip("\\").strip())
+            if not s.endswith("\\"):
+                break
+    assert out, "no avspo-train command found"
+    return " ".join(out).split()[1:] if out[0].startswith("avspo-train") else " ".join(out).split()[3:]
+
+
+@pytest.mark.parametrize("where", ["README.md", "launch_scripts/train_level3_avspo.sh"])
+def test_documented_gpu_command_parses_with_the_real_parser(where):
+    text = (ROOT / where).read_text()
+    if where == "README.md":
+        text = text.split("<!-- gpu-command -->", 1)[1]
+    args = parse(*_command(text), base=[])
+    assert args.avspo.enable and args.rollout.n_samples_per_prompt == 8
+    assert args.rollout.temperature == 1.0 and args.actor.adam.lr == 1e-6 and args.actor.eps_clip == 0.2
+    assert args.algo.kl.init_coef == 0 and args.algo.advantage.estimator == "group_norm"
+    assert "Qwen2.5-Math-1.5B" in args.actor.model_name_or_path
+
+
+def test_readme_flag_table_lists_every_flag():
+    readme = (ROOT / "README.md").read_text()
+    for flag in OUR_FLAGS:
+        assert f"`{flag}`" in readme, flag
+
+
+# ── experience maker ──
+
+
+def _both(args, samples, kl_coef=0.0):
+    ours = make_maker(args, AVSPOExperienceMaker, kl_coef)
+    theirs = make_maker(copy.deepcopy(args), RemoteExperienceMaker, kl_coef)
+    e1 = ours.compute_advantages_and_returns(experiences_with_kl(ours, copy.deepcopy(samples)))
+    e2 = theirs.compute_advantages_and_returns(experiences_with_kl(theirs, copy.deepcopy(samples)))
+    return ours, e1, e2
+
+
+REWARDS = torch.tensor(
+    [[1.0] * 8, [0.0] * 8, [1, 0, 1, 1, 0, 0, 1, 0], [0, 0, 0, 1, 0, 0, 0, 0]]
+)  # one all-right, one all-wrong, two mixed groups: ACR 0.5
+
+
+@pytest.mark.parametrize("avspo", [False, True])
+def test_maker_equals_openrlhf_group_norm_when_off_or_gate_closed(avspo):
+    flags = (
+        ["--avspo.enable", "--avspo.std", "unbiased", "--avspo.eps", "1e-9", "--avspo.tau_init", "0.9"] if avspo else []
+    )
+    args = parse(*flags, "--acr.window", "1")
+    ours, e1, e2 = _both(args, rollout_samples(REWARDS), kl_coef=0.05)
+    # off: OpenRLHF's numbers untouched; gate closed: our GRPO (same float ops as AVSPO's) vs theirs
+    same = torch.equal if not avspo else lambda x, y: torch.allclose(x, y, atol=1e-6, rtol=1e-6)
+    for a, b in zip(e1, e2):
+        assert same(a.advantages, b.advantages) and same(a.returns, b.returns)
+        assert torch.equal(a.info["reward"], b.info["reward"])
+        assert torch.allclose(a.info["group_reward_std"], b.info["group_reward_std"])
+    m = ours.last_metrics
+    assert m["acr"] == 0.5 and m["acr_all_right"] == 0.25 and m["acr_all_wrong"] == 0.25
+    assert m["acr_effective"] == 0.5 and m["frac_reward_zero_std"] == 0.5
+    if avspo:
+        assert m["gate_open"] == 0.0 and m["tau_adapt"] <= 0.9
+
+
+def test_maker_gives_algorithm_md_numbers_with_the_gate_open_and_keeps_kl():
+    args = parse("--avspo.enable", "--acr.window", "1", "--avspo.tau_init", "0.3")
+    kl_coef = 0.05
+    ours, e1, _ = _both(args, rollout_samples(REWARDS), kl_coef=kl_coef)
+    m = ours.last_metrics
+    assert m["gate_open"] == 1.0 and m["num_virtual_k"] == 6  # K = ceil(8 * 0.5**0.5)
+    assert m["acr_effective"] == 0.0 and m["num_virtual_per_collapsed"] == 6
+    # per-token KL is still subtracted: first-token advantage = A - kl_coef * sum_t kl_t
+    kl_sum = {}
+    for e in experiences_with_kl(ours, rollout_samples(REWARDS)):  # the same seeded KL
+        for k, idx in enumerate(e.index):
+            kl_sum[idx] = float(e.kl[k].sum())
+    adv = sample_advantage(e1) + kl_coef * torch.tensor([kl_sum[i] for i in sorted(kl_sum)])
+    adv = adv.reshape(4, 8)
+    assert torch.allclose(adv[0], torch.full((8,), 0.728), atol=5e-4)  # ALGORITHM.md table, K=6
+    assert torch.allclose(adv[1], torch.full((8,), -0.728), atol=5e-4)
+    expected, _ = group_advantages(REWARDS[2:], "grpo")  # mixed groups: plain GRPO (population, 1e-6)
+    assert torch.allclose(adv[2:], expected, atol=1e-5)
+
+
+def test_overlong_penalty_is_applied_before_the_group_statistics():
+    flags = ["--reward.overlong_buffer_len", "4", "--rollout.max_new_tokens", "12"]
+    lengths = torch.full((4, 8), 4)
+    lengths[1, 0] = 12  # an all-wrong group with one overlong sample: a "phantom" advantage
+    args = parse(*flags, "--avspo.enable", "--avspo.std", "unbiased", "--avspo.eps", "1e-9", "--avspo.tau_init", "0.9")
+    ours, e1, e2 = _both(args, rollout_samples(REWARDS, lengths))
+    for a, b in zip(e1, e2):
+        assert torch.allclose(a.advantages, b.advantages, atol=1e-6, rtol=1e-6)
+        assert torch.equal(a.info["reward"], b.info["reward"])  # shaped reward logged
+    m = ours.last_metrics
+    assert m["acr"] == 0.5 and m["acr_shaped"] == 0.25  # raw vs shaped view
+    assert m["acr_shaped_all_wrong"] == 0.0
+    assert args.reward.overlong_buffer_len == 4 and args.algo.advantage.estimator == "group_norm"  # restored
+
+
+def test_nan_reward_is_reported():
+    rewards = REWARDS.clone()
+    rewards[2, 3] = float("nan")
+    args = parse()
+    maker = make_maker(args, AVSPOExperienceMaker)
+    with pytest.raises(ValueError, match="non-finite"):
+        maker.compute_advantages_and_returns(experiences_with_kl(maker, rollout_samples(rewards)))
