@@ -81,3 +81,40 @@ def sample_advantage(exps) -> torch.Tensor:
         for k, idx in enumerate(e.index):
             out[idx] = e.advantages[k, first[k]].item()
     return torch.tensor([out[i] for i in sorted(out)])
+
+
+def scripted_engine_class():
+    """A rollout engine with OpenRLHF's ``RolloutRayActor`` interface whose LLM is a script: the
+    real ``generate_responses`` and ``SingleTurnAgentExecutor`` (tokenize, decode, reward file) run;
+    only ``generate`` returns scripted completions. ``script[prompt]`` cycles through completions."""
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+    from openrlhf.utils.agent import SingleTurnAgentExecutor
+    from transformers import AutoTokenizer
+
+    class ScriptedEngine(RolloutRayActor.__ray_actor_class__):
+        def __init__(self, tokenizer_path: str, reward_file: str, script: dict, delay_s: float = 0.0):
+            self.executor = SingleTurnAgentExecutor(reward_file)
+            self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
+            self.script, self.delay_s = script, delay_s
+            self.calls: dict[str, int] = {}
+
+        async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+            import asyncio
+
+            prompt = self.tok.decode(prompt_token_ids)
+            i = self.calls.get(prompt, 0)
+            self.calls[prompt] = i + 1
+            completions = self.script[prompt]
+            text = completions[i % len(completions)]
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            return NS(outputs=[NS(token_ids=ids, finish_reason="stop", logprobs=None)])
+
+        def get_num_unfinished_requests(self) -> int:
+            return 0
+
+        def prompt_calls(self) -> dict:
+            return dict(self.calls)
+
+    return ScriptedEngine

@@ -52,6 +52,7 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
         (["--avspo.enable", "--avspo.tau_init", "0.95"], "tau_bounds"),
         (["--dynamic.std_filter", "--algo.dynamic_filtering_enable"], "not both"),
         (["--acr.reward_range", "1", "0"], "LO < HI"),
+        (["--train.async_enable", "--buffer.max_staleness", "0"], ">= 1 in async"),
     ],
 )
 def test_invalid_flag_combinations_are_rejected(flags, msg):

@@ -283,6 +283,15 @@ def validate(args) -> None:
             print(
                 "[avspo] --buffer.max_staleness has no effect without --train.async_enable (sync batches are never stale)"
             )
+        elif st < 1:
+            raise ValueError(
+                "--buffer.max_staleness must be >= 1 in async mode (the next batch is always 1 version behind)"
+            )
+        elif st < args.train.async_queue_size:
+            print(
+                f"[avspo] --buffer.max_staleness {st} < --train.async_queue_size {args.train.async_queue_size}: "
+                "batches queued behind others will often be over-stale and dropped/regenerated"
+            )
     if not args.monitor.disable_entropy and args.actor.entropy_coef is None:
         # coef 0 makes OpenRLHF compute the entropy (logged as entropy_loss) without changing the loss
         args.actor.entropy_coef = 0.0
