@@ -2,8 +2,10 @@
 OpenRLHF's own advantage code (CPU, no Ray)."""
 
 import copy
+import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -172,3 +174,75 @@ def test_nan_reward_is_reported():
     maker = make_maker(args, AVSPOExperienceMaker)
     with pytest.raises(ValueError, match="non-finite"):
         maker.compute_advantages_and_returns(experiences_with_kl(maker, rollout_samples(rewards)))
+
+
+# ── trainer state in checkpoints, alarms ──
+
+
+class _Group:
+    """Records the calls a trainer makes on OpenRLHF's actor group."""
+
+    def __init__(self):
+        self.calls = []
+
+    def async_run_method(self, method_name, **kwargs):
+        self.calls.append((method_name, kwargs))
+        return []
+
+
+def _trainer(args):
+    from openrlhf.trainer.ppo_trainer import BasePPOTrainer
+
+    from avspo_openrlhf.trainer.trainers import AVSPOTrainerMixin
+
+    class Trainer(AVSPOTrainerMixin, BasePPOTrainer):
+        pass
+
+    t = Trainer.__new__(Trainer)
+    t.args, t.strategy = args, SimpleNamespace(args=args)
+    t.actor_model_group, t.critic_model_group = _Group(), None
+    t.reward_model_group = t.reference_model_group = t.tokenizer = None
+    t.kl_ctl = SimpleNamespace(value=0.0)
+    t.wandb_logger = t.tensorboard_logger = None
+    t.best_eval_metric_key, t.best_eval_metric_value, t._latest_eval_metric_value = "", float("-inf"), None
+    t._avspo_setup()
+    t.samples_generator = SimpleNamespace(stop=False)
+    return t
+
+
+def test_state_is_saved_in_checkpoints_and_restored_exactly():
+    args = parse("--avspo.enable", "--acr.window", "2", "--ckpt.save_steps", "3")
+    t = _trainer(args)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.rand(4, 8, generator=gen) < p).float() for p in (0.1, 0.9, 0.5, 0.05, 0.95, 0.5)]
+    for step, r in enumerate(batches[:3], start=1):
+        t.controller.step(r)
+        t.save_logs_and_checkpoints(step, {"policy_loss": 0.0}, {"global_step": step})
+    saves = [kw for name, kw in t.actor_model_group.calls if name == "save_checkpoint"]
+    assert len(saves) == 1 and saves[0]["tag"] == "global_step3"
+    ckpt = json.loads(json.dumps(saves[0]["client_states"]))  # JSON-safe, as a checkpoint stores it
+
+    resumed = _trainer(copy.deepcopy(args))
+    resumed.restore_best_checkpoint_state(ckpt)
+    assert resumed.policy_version == 3
+    for r in batches[3:]:
+        a1, m1 = t.controller.step(r)
+        a2, m2 = resumed.controller.step(r)
+        assert torch.equal(a1, a2) and m1 == m2
+
+
+def test_alarm_stops_the_run_after_a_checkpoint():
+    args = parse("--acr.stall_patience", "2", "--acr.stall_threshold", "0.35", "--monitor.stop_on_alarm", "acr_stall")
+    args.ckpt.save_steps = float("inf")  # what PPOTrainer.__init__ makes of the default -1
+    t = _trainer(args)
+    collapsed = torch.ones(4, 8)
+    for step in range(1, 5):
+        t.controller.step(collapsed)
+        t.save_logs_and_checkpoints(step, {}, {"global_step": step})
+        if t.stop_reason:
+            break
+    assert step == 3 and "acr_stall" in t.stop_reason  # ACR 1.0 for more than 2 steps
+    assert t.samples_generator.stop  # the generator reports exhausted; fit() returns normally
+    assert [kw["tag"] for n, kw in t.actor_model_group.calls if n == "save_checkpoint"] == ["global_step3"]
+    status, step = t.train_step([], 3)  # batches still in flight are not trained
+    assert status.get("_avspo_skipped") and step == 3
