@@ -25,6 +25,8 @@ def local_ray(tmp_path_factory):
     from avspo_openrlhf.cpu.tiny import build_tiny_model
 
     tiny = build_tiny_model(str(tmp_path_factory.mktemp("tiny")))
+    if ray.is_initialized():  # an earlier test's implicit init lacks our worker setup hook
+        ray.shutdown()
     ray.init(
         num_cpus=2,
         include_dashboard=False,

@@ -1,4 +1,4 @@
-"""A tiny random Qwen2 model (~0.1M parameters) with a byte-level BPE tokenizer trained locally:
+"""A tiny random Qwen2 model (~0.1M parameters; the dominating embedding is tied) with a byte-level BPE tokenizer trained locally:
 built offline in about a second, for tests and debugging the pipeline without any download."""
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ _CORPUS = [
 ]
 
 
-def build_tiny_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int = 2, vocab_size: int = 320) -> str:
-    """Write a random ``Qwen2ForCausalLM`` + tokenizer (with a chat template) to ``out_dir``."""
+def build_tiny_model(out_dir: str, seed: int = 0, hidden: int = 64, layers: int = 2, vocab_size: int = 320) -> str:
+    """Write a random ``Qwen2ForCausalLM`` + tokenizer (with a chat template) to ``out_dir``.
+
+    Heads are 32 wide: vLLM's CPU attention supports only some head sizes (16 fails)."""
     import torch
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -41,8 +43,8 @@ def build_tiny_model(out_dir: str, seed: int = 0, hidden: int = 32, layers: int 
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=max(1, hidden // 32),
+        num_key_value_heads=1,
         max_position_embeddings=512,
         tie_word_embeddings=True,
         eos_token_id=tok.eos_token_id,

@@ -8,6 +8,7 @@ and trainer actors from module globals, so ours swaps those globals for the dura
 
 from __future__ import annotations
 
+import re
 import time
 
 import ray
@@ -25,6 +26,29 @@ logger = init_logger(__name__)
 
 STATE_KEY = "avspo_state"
 SKIPPED = "_avspo_skipped"
+
+
+_EVAL_KEY = re.compile(r"^eval_(?P<ds>.+)_(?P<metric>pass\d+|response_length_mean|truncated_rate)$")
+
+
+def rename_eval_metrics(logs: dict) -> dict:
+    """OpenRLHF's ``eval_<datasource>_pass1`` -> ``<datasource>/pass1`` (logged as ``eval/<benchmark>/pass1``)."""
+    out = {}
+    for k, v in logs.items():
+        m = _EVAL_KEY.match(k)
+        out[f"{m['ds']}/{m['metric']}" if m else k] = v
+    return out
+
+
+class _EvalRenamingLogger:
+    def __init__(self, logger_):
+        self._logger = logger_
+
+    def log_eval(self, global_step, logs_dict):
+        return self._logger.log_eval(global_step, rename_eval_metrics(logs_dict))
+
+    def __getattr__(self, name):
+        return getattr(self._logger, name)
 
 
 def pop_tags(rollout_samples) -> dict[str, torch.Tensor]:
@@ -59,6 +83,9 @@ class AVSPOTrainerMixin:
         self.counters = dict(trained_batches=0, dropped_stale_batches=0, requeued_prompts=0, generated=0.0, trained=0)
         self._idle_s = 0.0
         self.stop_reason = ""  # set when --monitor.stop_on_alarm fires
+        for name in ("wandb_logger", "tensorboard_logger"):
+            if getattr(self, name, None) is not None:
+                setattr(self, name, _EvalRenamingLogger(getattr(self, name)))
 
     # ── one step ──
     def train_step(self, rollout_samples, global_step: int):

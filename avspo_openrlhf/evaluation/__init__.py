@@ -1,0 +1,1 @@
+"""Math benchmark evaluation (``avspo-eval``): generators, metrics, the resumable runner."""

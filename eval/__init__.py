@@ -1,0 +1,1 @@
+"""``python -m eval ...`` from the repository root runs ``avspo-eval`` (avspo_openrlhf.evaluation)."""

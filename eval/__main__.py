@@ -1,0 +1,5 @@
+import sys
+
+from avspo_openrlhf.evaluation.cli import main
+
+sys.exit(main())
