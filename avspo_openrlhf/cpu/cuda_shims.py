@@ -52,3 +52,13 @@ def install() -> None:
     """Apply the patches for the rest of the process (CPU Ray workers)."""
     for p in _patches():
         p.start()
+
+
+def setup_cpu_worker() -> None:
+    """Ray ``worker_process_setup_hook`` of the CPU backend (this module imports nothing heavy at
+    top, so the hook runs before OpenRLHF is imported): stand-ins for GPU-only modules, then the
+    CUDA-call shims."""
+    from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
+
+    install_gpu_module_stubs()
+    install()

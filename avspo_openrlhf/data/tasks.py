@@ -74,6 +74,7 @@ def synthetic_arithmetic(n: int, levels: Sequence[str] = tuple(ARITH_LEVELS), se
                 "subject": "arithmetic",
                 "unique_id": f"arith/{seed}/{i}",
                 "solution": "",
+                "datasource": level,  # OpenRLHF's per-source key: per-level ACR and eval metrics
             }
         )
     return rows

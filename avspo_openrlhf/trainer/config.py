@@ -189,6 +189,24 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
             ),
         ),
     ],
+    "report": [
+        (
+            "--report.dir",
+            dict(
+                default=None,
+                help="Write every step's metrics to DIR/metrics.jsonl and, after training, PNG plots (ACR raw/effective, "
+                "reward, eval accuracy, entropy, tau_adapt, staleness) to DIR/plots.",
+            ),
+        ),
+        (
+            "--report.wandb",
+            dict(
+                action="store_true",
+                default=False,
+                help="Log to wandb without --logger.wandb.key: online if you are logged in, offline otherwise.",
+            ),
+        ),
+    ],
     "buffer": [
         (
             "--buffer.max_staleness",
@@ -220,6 +238,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "monitor": "Health monitors (avspo-openrlhf)",
         "dynamic": "Dynamic sampling (avspo-openrlhf)",
         "buffer": "Async rollout buffer (avspo-openrlhf)",
+        "report": "Reports (avspo-openrlhf)",
     }
     for ns, flags in FLAGS.items():
         group = parser.add_argument_group(titles[ns])

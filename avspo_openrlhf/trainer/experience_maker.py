@@ -16,6 +16,8 @@ import torch
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
+from avspo_openrlhf.algo import collapse_stats
+
 from .config import build_controller, ensure
 
 # Not an OpenRLHF estimator name: its baseline block and final whitening skip it, while the
@@ -65,6 +67,7 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
         ensure(self.args)
         self.controller = controller if controller is not None else build_controller(self.args)
         self.last_metrics: dict[str, float] = {}
+        self.group_datasources: list[str] | None = None  # one name per prompt group (set by the trainer)
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences):
@@ -80,6 +83,7 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
             experiences = super().compute_advantages_and_returns(experiences)
             shaped = to_groups([e.rewards for e in experiences], order, n)  # penalised in place
             _, self.last_metrics = self.controller.step(raw, shaped)
+            self.last_metrics.update(self._by_level(raw, shaped, None))
             return experiences
 
         for e in experiences:
@@ -87,6 +91,7 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
         apply_length_penalties(experiences, args)  # also sets info["reward"] to the shaped reward
         shaped = to_groups([e.rewards for e in experiences], order, n)
         adv, self.last_metrics = self.controller.step(raw, shaped)
+        self.last_metrics.update(self._by_level(raw, shaped, adv))
 
         shaped_info = [e.info["reward"] for e in experiences]
         for e, a in zip(experiences, from_groups(adv.to(shaped.dtype), order, sizes)):
@@ -98,3 +103,19 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
             e.info["reward"] = r
             e.info["group_reward_std"] = s
         return experiences
+
+    def _by_level(self, raw: torch.Tensor, shaped: torch.Tensor, adv: torch.Tensor | None) -> dict[str, float]:
+        """Raw and effective ACR per datasource (e.g. per arithmetic level) when the data has one."""
+        names = self.group_datasources
+        if not names or len(names) != raw.shape[0] or set(names) == {"default"}:
+            return {}  # no datasource field in the data
+        c = self.controller
+        raw_c = collapse_stats(raw, c.tol, c.reward_range).collapsed
+        # effective: the group's advantages are still all zero (GRPO zeroes every collapsed group)
+        eff = (adv == 0).all(dim=1) if adv is not None else collapse_stats(shaped, c.tol, c.reward_range).collapsed
+        out = {}
+        for name in sorted(set(names)):
+            mask = torch.tensor([x == name for x in names])
+            out[f"acr_by_level/{name}"] = float(raw_c[mask].float().mean())
+            out[f"acr_effective_by_level/{name}"] = float(eff[mask].float().mean())
+        return out

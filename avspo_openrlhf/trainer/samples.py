@@ -3,7 +3,8 @@ filter accounting, generator idle time, and prompts re-queued by the async stale
 
 Every sample leaves with batch metadata in ``info`` (popped by the trainer before training):
 ``policy_version`` (weights version that generated it), ``gen_cost`` (generated ÷ kept samples of
-its generation call, 1.0 without filtering) and ``gen_idle_s`` (generator idle time before it).
+its generation call, 1.0 without filtering), ``gen_idle_s`` (generator idle time before it) and
+``datasource`` (its prompt's dataset field, for per-level ACR).
 """
 
 from __future__ import annotations
@@ -23,17 +24,22 @@ from .config import ensure
 TAG_KEYS = ("policy_version", "gen_cost", "gen_idle_s")
 
 
-class _Requeued:
-    """Iterator over prompt batches: re-queued ones first, then the dataloader."""
+class _PromptSource:
+    """Iterator over prompt batches ``(datasources, prompts, labels, images)``: re-queued ones
+    first, then the dataloader; remembers each prompt's datasource (for per-level ACR)."""
 
-    def __init__(self, pending: deque, it):
-        self.pending, self.it = pending, it
+    def __init__(self, pending: deque, it, ds_of: dict):
+        self.pending, self.it, self.ds_of = pending, it, ds_of
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return self.pending.popleft() if self.pending else next(self.it)
+        item = self.pending.popleft() if self.pending else next(self.it)
+        for ds, prompt in zip(item[0] or [], item[1]):
+            if ds is not None:
+                self.ds_of[prompt] = ds
+        return item
 
 
 class AVSPOSamplesGenerator(SamplesGenerator):
@@ -53,6 +59,7 @@ class AVSPOSamplesGenerator(SamplesGenerator):
         self._last_end: float | None = None
         self._training_call = False
         self._last_kept_groups = 0
+        self.ds_of: dict[str, str] = {}
 
     def generate_samples(self, **generate_kwargs):
         if self.stop or (self.stop_fn is not None and self.stop_fn()):
@@ -79,8 +86,8 @@ class AVSPOSamplesGenerator(SamplesGenerator):
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
         self._version = int(self.version_fn())
         training = self._training_call
-        if training and self.pending:
-            dataloader_iter = _Requeued(self.pending, dataloader_iter)
+        if training:
+            dataloader_iter = _PromptSource(self.pending, dataloader_iter, self.ds_of)
         if training and self.args.dynamic.std_filter:
             out = self._generate_std_filtered(dataloader_iter, num_prompts, **generate_kwargs)
         else:
@@ -96,6 +103,8 @@ class AVSPOSamplesGenerator(SamplesGenerator):
     def _process_response_into_experience(self, response, **generate_kwargs):
         exp = super()._process_response_into_experience(response, **generate_kwargs)
         exp.info["policy_version"] = torch.tensor([self._version])
+        if self._training_call:
+            exp.info["datasource"] = [str(self.ds_of.get(response["prompt"], "default"))]
         return exp
 
     def _generate_std_filtered(self, dataloader_iter, num_prompts: int, **generate_kwargs):

@@ -51,15 +51,23 @@ class _EvalRenamingLogger:
         return getattr(self._logger, name)
 
 
-def pop_tags(rollout_samples) -> dict[str, torch.Tensor]:
-    """Remove the generator's per-sample batch metadata from ``info`` and return it stacked."""
+def pop_tags(rollout_samples) -> dict:
+    """Remove the generator's per-sample batch metadata from ``info``: stacked tensors, plus
+    ``datasource`` as a list of names."""
     tags = {k: [] for k in TAG_KEYS}
+    sources = []
     for s in rollout_samples:
         for k in TAG_KEYS:
             v = s.info.pop(k, None)
             if v is not None:
                 tags[k].append(v.float().reshape(-1))
-    return {k: torch.cat(v) for k, v in tags.items() if v}
+        ds = s.info.pop("datasource", None)
+        if ds is not None:
+            sources.extend(ds)
+    out = {k: torch.cat(v) for k, v in tags.items() if v}
+    if len(sources) == len(rollout_samples):
+        out["datasource"] = sources
+    return out
 
 
 class AVSPOTrainerMixin:
@@ -83,6 +91,19 @@ class AVSPOTrainerMixin:
         self.counters = dict(trained_batches=0, dropped_stale_batches=0, requeued_prompts=0, generated=0.0, trained=0)
         self._idle_s = 0.0
         self.stop_reason = ""  # set when --monitor.stop_on_alarm fires
+        self._setup_reports()
+
+    def _setup_reports(self) -> None:
+        from avspo_openrlhf.report import FanOutLogger, JsonlLogger, WandbAutoLogger
+
+        rep = self.args.report
+        extra = []
+        if rep.dir:
+            extra.append(JsonlLogger(rep.dir))
+        if rep.wandb and getattr(self, "wandb_logger", None) is None:
+            extra.append(WandbAutoLogger(self.args, rep.dir))
+        if extra:
+            self.wandb_logger = FanOutLogger(getattr(self, "wandb_logger", None), *extra)
         for name in ("wandb_logger", "tensorboard_logger"):
             if getattr(self, name, None) is not None:
                 setattr(self, name, _EvalRenamingLogger(getattr(self, name)))
@@ -92,13 +113,16 @@ class AVSPOTrainerMixin:
         if self.stop_reason:  # batches already in flight when an alarm stopped the run
             return {SKIPPED: True}, global_step
         tags = pop_tags(rollout_samples)
+        n = self.args.rollout.n_samples_per_prompt
+        self.experience_maker.group_datasources = tags["datasource"][::n] if "datasource" in tags else None
         extra: dict[str, float] = {}
-        if "policy_version" in tags:
+        is_async = self.args.train.async_enable
+        if "policy_version" in tags and is_async:
             staleness = global_step - int(tags["policy_version"].min())
             extra["async/staleness"] = float(staleness)
             extra["async/policy_version"] = float(tags["policy_version"].min())
             bound = self.args.buffer.max_staleness
-            if self.args.train.async_enable and bound is not None and staleness > bound:
+            if bound is not None and staleness > bound:
                 return self._reject_stale(rollout_samples, staleness, global_step), global_step
         status, step = super().train_step(rollout_samples, global_step)
         self.policy_version = step
@@ -109,10 +133,11 @@ class AVSPOTrainerMixin:
             c["generated"] += float(tags["gen_cost"].sum())
             extra["dynamic/generated_per_trained"] = float(tags["gen_cost"].mean())
             extra["dynamic/generated_per_trained_cum"] = c["generated"] / c["trained"]
-        if "gen_idle_s" in tags:
-            extra["async/generator_idle_s"] = float(tags["gen_idle_s"].max())
-        extra["async/trainer_idle_s"], self._idle_s = self._idle_s, 0.0
-        extra["async/dropped_stale_batches_cum"] = float(c["dropped_stale_batches"])
+        if is_async:
+            if "gen_idle_s" in tags:
+                extra["async/generator_idle_s"] = float(tags["gen_idle_s"].max())
+            extra["async/trainer_idle_s"], self._idle_s = self._idle_s, 0.0
+            extra["async/dropped_stale_batches_cum"] = float(c["dropped_stale_batches"])
         kl_key = "kl" if self.args.monitor.kl_source == "ref" else "ppo_kl"
         status.update(self.controller.after_train(status, kl_key))
         status.update(extra)
@@ -123,7 +148,8 @@ class AVSPOTrainerMixin:
         n = self.args.rollout.n_samples_per_prompt
         if self.args.buffer.stale_policy == "regenerate":
             firsts = rollout_samples[::n]  # the generator emits each prompt's n samples together
-            batches = [(None, s.prompts[:1], s.labels[:1], (s.images or [None])[:1]) for s in firsts]
+            sources = self.experience_maker.group_datasources or [None] * len(firsts)
+            batches = [([ds], s.prompts[:1], s.labels[:1], (s.images or [None])[:1]) for ds, s in zip(sources, firsts)]
             self._requeue(batches)
             self.counters["requeued_prompts"] += len(batches)
         logger.warning(

@@ -1,0 +1,224 @@
+"""``avspo-train --backend cpu``: the same OpenRLHF pipeline on one CPU machine.
+
+Reused unchanged from OpenRLHF: ``SamplesGenerator`` and the agent/reward-file path (through our
+subclasses), the experience maker, ``RayActorGroup``, ``PolicyModelActor``/``ActorPPOTrainer``/
+``PolicyLoss``/``NaiveReplayBuffer`` on DeepSpeed (gloo), ``ReferenceModelActor``, the sync and
+async trainers, checkpoints. Added here, and only here:
+
+- :class:`CPUEngine`: a rollout actor with ``RolloutRayActor``'s interface (its own
+  ``generate_responses`` and agent executor run) whose engine is an in-process ``vllm.LLM`` on CPU;
+  concurrent ``generate`` calls are batched into one ``LLM.generate``.
+- :class:`CPUPolicyModelActor`: weight sync by ``reload_weights`` on the engine instead of NCCL.
+- ``cuda_shims.setup_cpu_worker``: every Ray worker gets the stand-ins for GPU-only modules and the CUDA-call
+  shims (``cuda_shims.py``).
+- :func:`train_cpu`: the CPU counterpart of ``openrlhf.cli.train_ppo_ray.train`` (no GPUs, no
+  placement groups, logical CPUs so that the trainer, generator and model actors all fit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import ray
+
+CPU_ENV = {
+    "DS_ACCELERATOR": "cpu",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in-process: 3-7 s start instead of 14-24 s
+    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    "TOKENIZERS_PARALLELISM": "false",
+    "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+    "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
+    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 2)),
+}
+
+
+def _engine_base():
+    from openrlhf.trainer.ray.vllm_engine import RolloutRayActor
+
+    return RolloutRayActor.__ray_actor_class__
+
+
+class CPUEngine(_engine_base()):
+    """A vLLM-cpu rollout engine with OpenRLHF's rollout-actor interface."""
+
+    def __init__(self, model: str, *, seed: int, max_model_len: int, remote_rm_url=None, agent_func_path=None,
+                 batch_wait_s: float = 0.02):  # fmt: skip
+        from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
+        from openrlhf.utils.agent import SingleTurnAgentExecutor
+        from vllm import LLM
+
+        self.executor = (
+            _load_agent_executor(agent_func_path) if agent_func_path else SingleTurnAgentExecutor(remote_rm_url)
+        )
+        self.llm = LLM(model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype="bfloat16")
+        self._mm_pad_token_ids = None
+        self._pending: list = []
+        self._flush_task = None
+        self._unfinished = 0
+        self.batch_wait_s = batch_wait_s
+        self.version = 0
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt_token_ids, sampling_params, fut))
+        self._unfinished += 1
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.ensure_future(self._flush())
+        return await fut
+
+    async def _flush(self) -> None:
+        # let the other samples of the same and concurrent prompts arrive, then one batched call
+        await asyncio.sleep(self.batch_wait_s)
+        while self._pending:
+            batch, self._pending = self._pending, []
+            from vllm.inputs import TokensPrompt
+
+            try:
+                outs = self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=p) for p, _, _ in batch], [s for _, s, _ in batch], use_tqdm=False
+                )
+                for (_, _, fut), out in zip(batch, outs):
+                    fut.set_result(out)
+            except Exception as e:  # every waiter hears about it; nothing hangs
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+            finally:
+                self._unfinished -= len(batch)
+            await asyncio.sleep(0)
+
+    def get_num_unfinished_requests(self) -> int:
+        return self._unfinished
+
+    async def load_weights(self, state: dict, version: int) -> None:
+        """Weight sync: the trainer's HF-named tensors into the engine (``reload_weights``)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+        self.version = int(version)
+
+    async def get_version(self) -> int:
+        return self.version
+
+    async def greedy_ids(self, prompt: str, max_tokens: int = 16) -> list[int]:
+        """Greedy token ids for a prompt (checks that generation after a sync uses the new weights)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        return list(self.llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
+
+    # OpenRLHF calls these around weight sync / sleep mode; nothing to do on CPU
+    async def reset_prefix_cache(self):
+        return None
+
+    async def wake_up(self, tags=None):
+        return None
+
+    async def sleep(self, level=1):
+        return None
+
+
+def _policy_base():
+    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
+
+    return PolicyModelActor.__ray_actor_class__
+
+
+class CPUPolicyModelActor(_policy_base()):
+    """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
+
+    cpu_engines: list = []
+    sync_count = 0
+
+    def set_cpu_engines(self, engines) -> None:
+        self.cpu_engines = list(engines)
+
+    def broadcast_to_vllm(self):
+        import torch
+
+        if not self.cpu_engines or torch.distributed.get_rank() != 0:
+            return
+        model = self.actor.model.module if hasattr(self.actor.model, "module") else self.actor.model
+        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        self.sync_count += 1
+        ray.get([e.load_weights.remote(state, self.sync_count) for e in self.cpu_engines])
+
+
+def validate_cpu_args(args) -> None:
+    """Settings the CPU backend needs (OpenRLHF's defaults assume 8 GPUs and flash-attn)."""
+    if args.actor.num_nodes * args.actor.num_gpus_per_node != 1:
+        print("[avspo] CPU backend: one DeepSpeed actor process (--actor.num_gpus_per_node 1)")
+        args.actor.num_nodes, args.actor.num_gpus_per_node = 1, 1
+    args.ref.num_nodes, args.ref.num_gpus_per_node = 1, 1
+    if "flash" in args.ds.attn_implementation:
+        args.ds.attn_implementation = "sdpa"
+    if args.ds.zero_stage > 2:
+        raise ValueError("the CPU backend syncs weights from a single ZeRO-0/1/2 process: use --ds.zero_stage <= 2")
+    for flag, on in [
+        ("--ds.packing_samples", args.ds.packing_samples),
+        ("--train.partial_rollout_enable", args.train.partial_rollout_enable),
+        ("--vllm.enable_sleep", args.vllm.enable_sleep),
+        ("--train.colocate_all", args.train.colocate_all),
+        ("critic models (--algo.advantage.estimator gae)", args.critic.model_name_or_path),
+    ]:
+        if on:
+            raise ValueError(f"{flag} is not supported by the CPU backend")
+    if not args.reward.remote_url:
+        raise ValueError("the CPU backend needs rule-based rewards: --reward.remote_url <file.py>")
+    args.vllm.num_engines = args.vllm.num_engines or 1
+    args.vllm.sync_backend = "gloo"
+
+
+def init_ray() -> None:
+    if ray.is_initialized():
+        return
+    os.environ.update({k: v for k, v in CPU_ENV.items() if k not in os.environ})
+    ray.init(
+        # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
+        num_cpus=max(8, os.cpu_count() or 1),
+        include_dashboard=False,
+        runtime_env={
+            "worker_process_setup_hook": "avspo_openrlhf.cpu.cuda_shims.setup_cpu_worker",
+            "env_vars": CPU_ENV,
+        },
+    )
+
+
+def train_cpu(args) -> None:
+    """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags)."""
+    from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
+    from openrlhf.utils import get_strategy
+
+    from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
+
+    validate_cpu_args(args)
+    init_ray()
+    strategy = get_strategy(args)
+    model = args.actor.model_name_or_path
+    engines = [
+        ray.remote(num_cpus=0)(CPUEngine).remote(
+            model,
+            seed=args.train.seed + i,
+            max_model_len=args.data.max_len,
+            remote_rm_url=args.reward.remote_url,
+            agent_func_path=args.train.agent_func_path,
+        )
+        for i in range(args.vllm.num_engines)
+    ]
+    actor = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUPolicyModelActor), num_gpus_per_actor=0)
+    ref = RayActorGroup(1, 1, ReferenceModelActor, num_gpus_per_actor=0) if args.algo.kl.init_coef > 0 else None
+
+    trainer_cls = AVSPOPPOTrainerAsync if args.train.async_enable else AVSPOPPOTrainer
+    trainer = trainer_cls.remote(
+        model, strategy, actor, None, None, ref, engines,
+        do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
+        temperature=args.rollout.temperature, top_p=args.rollout.top_p,
+    )  # fmt: skip
+    max_steps = ray.get(trainer.get_max_steps.remote())
+    # vllm_engines=None: no NCCL/gloo group with the engines; weights go through CPUPolicyModelActor
+    refs = actor.async_init_model_from_pretrained(strategy, model, max_steps, None)
+    if ref is not None:
+        refs += ref.async_init_model_from_pretrained(strategy, model)
+    ray.get(refs)
+    ray.get(actor.async_run_method("set_cpu_engines", engines))
+    ray.get(trainer.fit.remote())
+    ray.get(actor.async_save_model())

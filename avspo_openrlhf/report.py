@@ -1,0 +1,154 @@
+"""Run reports: per-step metrics as jsonl, an offline-capable wandb logger, and PNG plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+
+def _floats(logs: dict) -> dict:
+    out = {}
+    for k, v in logs.items():
+        if hasattr(v, "item") and getattr(v, "numel", lambda: 0)() == 1:
+            v = v.item()
+        if isinstance(v, bool):
+            v = float(v)
+        if isinstance(v, (int, float)) and math.isfinite(float(v)):
+            out[k] = float(v)
+    return out
+
+
+class JsonlLogger:
+    """OpenRLHF logger interface (``log_train``/``log_eval``/``close``) writing ``metrics.jsonl``."""
+
+    def __init__(self, directory: str):
+        os.makedirs(directory, exist_ok=True)
+        self.path = os.path.join(directory, "metrics.jsonl")
+
+    def _write(self, row: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def log_train(self, global_step: int, logs: dict) -> None:
+        self._write({"step": int(global_step), "kind": "train", **_floats(logs)})
+
+    def log_eval(self, global_step: int, logs: dict) -> None:
+        self._write({"step": int(global_step), "kind": "eval", **_floats(logs)})
+
+    def close(self) -> None:
+        pass
+
+
+class WandbAutoLogger:
+    """wandb without an API key flag: online when logged in, otherwise offline (``wandb sync`` later)."""
+
+    def __init__(self, args, run_dir: str | None):
+        import wandb
+
+        mode = os.environ.get("WANDB_MODE") or ("online" if wandb.api.api_key else "offline")
+        self.handle = wandb
+        self.run = wandb.init(
+            project=args.logger.wandb.project or "avspo", name=args.logger.wandb.run_name, mode=mode, dir=run_dir,
+            config={k: vars(v) if hasattr(v, "__dict__") else v for k, v in vars(args).items()}, reinit=True,
+        )  # fmt: skip
+        wandb.define_metric("train/global_step")
+        wandb.define_metric("train/*", step_metric="train/global_step", step_sync=True)
+
+    def log_train(self, global_step, logs):
+        self.handle.log({f"train/{k}": v for k, v in {**_floats(logs), "global_step": global_step}.items()})
+
+    def log_eval(self, global_step, logs):
+        self.handle.log({f"eval/{k}": v for k, v in {**_floats(logs), "global_step": global_step}.items()})
+
+    def close(self):
+        self.handle.finish()
+
+
+class FanOutLogger:
+    """Several OpenRLHF-style loggers behind one."""
+
+    def __init__(self, *loggers):
+        self.loggers = [lg for lg in loggers if lg is not None]
+
+    def log_train(self, step, logs):
+        for lg in self.loggers:
+            lg.log_train(step, logs)
+
+    def log_eval(self, step, logs):
+        for lg in self.loggers:
+            lg.log_eval(step, logs)
+
+    def close(self):
+        for lg in self.loggers:
+            lg.close()
+
+
+def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
+    """Train and eval rows of a metrics.jsonl; a step logged twice (a resumed run) keeps the last."""
+    train, evals = {}, {}
+    if os.path.exists(path):
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line from a killed run
+            (evals if row.get("kind") == "eval" else train)[row["step"]] = row
+    return [train[k] for k in sorted(train)], [evals[k] for k in sorted(evals)]
+
+
+PANELS = [
+    ("ACR by view", [("acr", "raw (correctness)"), ("acr_shaped", "shaped"), ("acr_effective", "effective (after AVSPO)"),
+                     ("acr_gate", "ACR_gate (smoothed)")]),
+    ("ACR split", [("acr_all_wrong", "all-wrong"), ("acr_all_right", "all-right")]),
+    ("reward", [("rollout/reward_mean", "mean reward")]),
+    ("entropy (nats)", [("monitor/entropy", "token entropy")]),
+    ("tau_adapt", [("tau_adapt", "tau_adapt")]),
+    ("async staleness", [("async/staleness", "trainer step - generation version")]),
+]  # fmt: skip
+
+
+def plot_run(metrics_path: str, out_dir: str) -> list[str]:
+    """PNG plots of a run's metrics.jsonl (panels with no data are skipped); returns the files."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train, evals = read_metrics(metrics_path)
+    os.makedirs(out_dir, exist_ok=True)
+    panels = list(PANELS)
+    levels = sorted({k.split("/", 1)[1] for r in train for k in r if k.startswith("acr_by_level/")})
+    if levels:
+        panels.insert(1, ("ACR by level (raw solid, effective dashed)",
+                          [(f"acr_by_level/{lv}", f"{lv} raw") for lv in levels]
+                          + [(f"acr_effective_by_level/{lv}", f"{lv} effective") for lv in levels]))  # fmt: skip
+    eval_keys = sorted({k for r in evals for k in r if k.endswith("pass1")})
+    if eval_keys:
+        panels.append(("held-out accuracy", [(k, k) for k in eval_keys]))
+    shown = [(t, [(k, lab) for k, lab in series if any(k in r for r in (evals if t == "held-out accuracy" else train))])
+             for t, series in panels]  # fmt: skip
+    shown = [(t, s) for t, s in shown if s]
+    if not shown:
+        return []
+    cols = 2
+    rows = (len(shown) + 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.2 * rows), squeeze=False)
+    for ax, (title, series) in zip(axes.flat, shown):
+        src = evals if title == "held-out accuracy" else train
+        for key, label in series:
+            pts = [(r["step"], r[key]) for r in src if key in r]
+            style = "--" if key.startswith("acr_effective_by_level/") else "-"
+            ax.plot(*zip(*pts), style, marker="." if len(pts) < 60 else None, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "training_curves.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
