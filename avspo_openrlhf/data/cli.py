@@ -39,7 +39,8 @@ def _common(p: argparse.ArgumentParser, output: bool = True) -> None:
         choices=TEMPLATES,
         default="paper",
         help="prompt field: 'paper' = chat messages with the paper's system prompt (use with "
-        "--data.apply_chat_template), 'plain' = one string for base models, 'none' = the bare problem",
+        "--data.apply_chat_template), 'user' = one user message asking for a boxed answer (small models), "
+        "'plain' = one string for base models, 'none' = the bare problem",
     )
     p.add_argument(
         "--skip-bad-rows",

@@ -6,15 +6,19 @@ import random
 from collections.abc import Callable, Sequence
 
 PAPER_SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
-TEMPLATES = ("paper", "plain", "none")
+TEMPLATES = ("paper", "user", "plain", "none")
 
 
 def make_prompt(problem: str, template: str = "paper"):
     """``paper``: chat messages with the paper's system prompt (OpenRLHF applies the tokenizer's
-    chat template with ``--data.apply_chat_template``); ``plain``: one string for base models
-    without a chat template; ``none``: the bare problem."""
+    chat template with ``--data.apply_chat_template``); ``user``: one user message asking for a
+    boxed answer, no system prompt (small instruct models such as SmolLM2-135M answer far more
+    often this way); ``plain``: one string for base models without a chat template; ``none``: the
+    bare problem."""
     if template == "paper":
         return [{"role": "system", "content": PAPER_SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+    if template == "user":
+        return [{"role": "user", "content": f"{problem} Put the final answer in \\boxed{{}}."}]
     if template == "plain":
         return f"Question: {problem}\n{PAPER_SYSTEM_PROMPT}\nAnswer:"
     if template == "none":

@@ -15,7 +15,16 @@ import sys
 from pathlib import Path
 
 from .generators import Decoding, FileGenerator, OracleGenerator, VLLMGenerator
-from .runner import BENCHMARKS, evaluate_model, find_checkpoints, find_data, load_benchmark, plot_steps, write_eval_mix
+from .runner import (
+    ALL,
+    BENCHMARKS,
+    evaluate_model,
+    find_checkpoints,
+    find_data,
+    load_benchmark,
+    plot_steps,
+    write_eval_mix,
+)
 
 DEFAULT_DATA_DIRS = ["data", os.path.join("..", "shared", "data")]
 
@@ -34,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--oracle", action="store_true", help="use reference solutions as completions (checks scoring)")
     src.add_argument("--make-train-eval", metavar="PATH", help="write one jsonl for OpenRLHF's --eval.dataset and exit")
     p.add_argument(
-        "--benchmarks", nargs="+", default=[b.name for b in BENCHMARKS], choices=[b.name for b in BENCHMARKS]
+        "--benchmarks",
+        nargs="+",
+        default=[b.name for b in BENCHMARKS],
+        choices=[b.name for b in ALL],
+        help="'arith' is the CPU quickstart's held-out synthetic arithmetic (not in the paper's table)",
     )
     p.add_argument(
         "--data-dir", action="append", help=f"folders holding <benchmark>.jsonl (default: {DEFAULT_DATA_DIRS})"

@@ -1,0 +1,44 @@
+"""OpenRLHF reward file for the synthetic arithmetic task (``--reward.remote_url <this file>``).
+
+Answers are integers, so no math-verify is needed: the answer is the last ``\\boxed{}`` of the
+response or, failing that, its last integer (small models such as SmolLM2-135M often state the
+result without boxing it; this is the documented rule of the CPU quickstart task, not of the math
+benchmarks). Statuses: correct / wrong / no_answer / unparsable (a boxed answer that is not an
+integer), logged as ``verify/<status>`` like the math reward.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from avspo_openrlhf.rewards.extract import last_boxed, response_from_query
+
+STATUSES = ("correct", "wrong", "no_answer", "unparsable")
+_INT = re.compile(r"-?\d[\d,]*")
+
+
+def score_arith(response: str, gold: str) -> str:
+    boxed = last_boxed(response)
+    if boxed is not None:
+        text = boxed.replace(",", "").replace("$", "").strip()
+        if not re.fullmatch(r"-?\d+", text):
+            return "unparsable"
+        pred = text
+    else:
+        nums = _INT.findall(response)
+        if not nums:
+            return "no_answer"
+        pred = nums[-1].replace(",", "")
+    try:
+        return "correct" if int(pred) == int(str(gold).strip()) else "wrong"
+    except ValueError:
+        return "unparsable"
+
+
+def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> dict:
+    statuses = [score_arith(response_from_query(q, p), lb) for q, p, lb in zip(queries, prompts, labels)]
+    rewards = torch.tensor([float(s == "correct") for s in statuses])
+    logs = {f"verify/{s}": torch.tensor([float(x == s) for x in statuses]) for s in STATUSES}
+    return {"rewards": rewards, "scores": rewards.clone(), "extra_logs": logs}
