@@ -137,25 +137,29 @@ def _replay_threshold(rows, tau_init=0.2):
 
 
 def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
-    flags = _flags(assets, tmp_path, "--train.async_enable", "--ckpt.load_enable")
+    flags = _flags(assets, tmp_path, "--train.async_enable", "--ckpt.load_enable", "--ckpt.save_steps", "100")
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
     metrics = tmp_path / "report" / "metrics.jsonl"
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
         rows, _ = read_metrics(str(metrics))
-        if len(rows) >= 3 and list((tmp_path / "ckpt" / "_actor").glob("global_step3")):
+        if len(rows) >= 3:
             break
         time.sleep(1)
     assert proc.poll() is None, "the run ended before it could be interrupted"
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole process group
     try:
-        proc.wait(timeout=60)
+        code = proc.wait(timeout=180)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        pytest.fail("Ctrl-C did not stop the run")
+    assert code == 130  # stopped cleanly after a checkpoint
     killed_at = max(r["step"] for r in read_metrics(str(metrics))[0])
     assert killed_at < 8
+    assert (tmp_path / "ckpt" / "_actor" / f"global_step{killed_at}").exists()  # the checkpoint of the last step
+    assert not (tmp_path / "final").exists()  # an interrupted run resumes instead of publishing a final model
 
     log = _train(flags)  # rerun: resumes from the last checkpoint
     assert "restored ACR/threshold state" in log

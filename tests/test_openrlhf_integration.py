@@ -246,3 +246,37 @@ def test_alarm_stops_the_run_after_a_checkpoint():
     assert [kw["tag"] for n, kw in t.actor_model_group.calls if n == "save_checkpoint"] == ["global_step3"]
     status, step = t.train_step([], 3)  # batches still in flight are not trained
     assert status.get("_avspo_skipped") and step == 3
+
+
+def test_prompt_order_follows_the_seed_not_the_process_rng():
+    """OpenRLHF's own prompt dataloader (no torch.distributed in the trainer process) shuffles with a
+    generator drawn from the unseeded global RNG; seed_prompt_order pins it to --train.seed."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from avspo_openrlhf.trainer.trainers import seed_prompt_order
+
+    def order(seed, noise):
+        torch.manual_seed(noise)  # a different process-level RNG state each time
+        # what DeepspeedStrategy.setup_dataloader builds when torch.distributed is not initialized
+        dl = StatefulDataLoader(list(range(32)), batch_size=1, shuffle=True, drop_last=True)
+        before = [int(b[0]) for b in dl]
+        seed_prompt_order(dl, seed)
+        return before, [int(b[0]) for b in dl]
+
+    (raw_a, a), (raw_b, b), (_, c) = order(7, 0), order(7, 1), order(8, 0)
+    assert raw_a != raw_b  # unpinned: the order depends on the process RNG
+    assert a == b and a != c and sorted(a) == list(range(32))
+
+    # a resumed run: a fresh loader is pinned to the seed, then OpenRLHF loads the checkpointed
+    # dataloader state; it continues the interrupted order instead of restarting it
+    torch.manual_seed(3)
+    dl = StatefulDataLoader(list(range(32)), batch_size=1, shuffle=True, drop_last=True)
+    seed_prompt_order(dl, 7)
+    it = iter(dl)
+    head = [int(next(it)[0]) for _ in range(5)]
+    state = dl.state_dict()
+    torch.manual_seed(4)
+    resumed = StatefulDataLoader(list(range(32)), batch_size=1, shuffle=True, drop_last=True)
+    seed_prompt_order(resumed, 7)
+    resumed.load_state_dict(state)
+    assert head + [int(b[0]) for b in resumed] == a

@@ -16,9 +16,11 @@ import json
 import os
 import runpy
 import sys
+import threading
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler
 from avspo_openrlhf.trainer import config
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
@@ -94,6 +96,8 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
 
             validate_cpu_args(out)
         parsed["args"], parsed["dry"] = out, dry or dry_run
+        if not parsed["dry"] and threading.current_thread() is threading.main_thread():
+            install_interrupt_handler(out)
         return out
 
     def is_initialized():  # first call inside OpenRLHF's train(): stop here on a dry run / CPU run
@@ -146,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
             "with --ckpt.load_enable to resume from the last one.",
             file=sys.stderr,
         )
+        return 130
+    if INTERRUPT["requested"]:
+        print("[avspo] stopped after a checkpoint; rerun the same command with --ckpt.load_enable to resume.",
+              file=sys.stderr)  # fmt: skip
         return 130
     if args is not None and "--dry-run" in argv:
         print(json.dumps(_to_dict(args), indent=1, default=str))

@@ -221,4 +221,7 @@ def train_cpu(args) -> None:
     ray.get(refs)
     ray.get(actor.async_run_method("set_cpu_engines", engines))
     ray.get(trainer.fit.remote())
-    ray.get(actor.async_save_model())
+    from avspo_openrlhf.cli.interrupt import INTERRUPT
+
+    if not INTERRUPT["requested"]:  # an interrupted run resumes from its checkpoint instead
+        ray.get(actor.async_save_model())

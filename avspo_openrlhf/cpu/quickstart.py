@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -23,13 +24,24 @@ def _run(cmd: list[str], log: Path) -> None:
     print(f"[quickstart] $ {' '.join(cmd[:4])} ... (log: {log})", flush=True)
     with open(log, "a", encoding="utf-8") as f:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        for line in proc.stdout:  # keep progress bars and step lines visible, everything in the log
-            f.write(line)
-            if any(s in line for s in ("Global step", "Episode", "[avspo", "problems (", "| ", "Error", "error:")):
-                sys.stdout.write(line if len(line) < 400 else line[:400] + " ...\n")
-                sys.stdout.flush()
-        if proc.wait() != 0:
+        # Ctrl-C reaches the child too: let it checkpoint and exit (130) while we keep relaying its output
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            _relay(proc, f)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if proc.wait() in (130, -signal.SIGINT):
+            raise KeyboardInterrupt
+        if proc.returncode != 0:
             raise SystemExit(f"[quickstart] failed (exit {proc.returncode}); see {log}")
+
+
+def _relay(proc, f) -> None:
+    for line in proc.stdout:  # keep progress bars and step lines visible, everything in the log
+        f.write(line)
+        if any(s in line for s in ("Global step", "Episode", "[avspo", "problems (", "| ", "Error", "error:")):
+            sys.stdout.write(line if len(line) < 400 else line[:400] + " ...\n")
+            sys.stdout.flush()
 
 
 def _data(out: Path, steps: int, per_step: int, heldout: int, seed: int) -> tuple[str, str]:
@@ -191,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[quickstart] training already finished ({final}); delete it to train again")
         after = _eval(str(final), heldout, out / "eval_after", args, log)
     except KeyboardInterrupt:
-        print(f"\n[quickstart] interrupted; checkpoints every {args.save_steps} steps are in {out / 'ckpt'}. "
-              "Run the same command again to resume.", file=sys.stderr)  # fmt: skip
+        print(f"\n[quickstart] stopped; the checkpoint is in {out / 'ckpt'}. Run the same command again to resume.",
+              file=sys.stderr)  # fmt: skip
         return 130
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     label = f"{Path(model).name}, {'GRPO' if args.grpo else 'GRPO + AVSPO'}, {'sync' if args.sync else 'async'}"

@@ -55,7 +55,8 @@ def load_benchmark(name: str, path: str, template: str = "paper") -> list[dict]:
     from avspo_openrlhf.data.tasks import make_prompt
 
     first = next((r for r in read_jsonl(path)[:1]), None) if path.endswith(".jsonl") else None
-    if first is not None and {"problem", "answer", "unique_id"} <= set(first):
+    # Prepared files carry "source"; hub MATH-500 has problem/answer/unique_id too but an int level.
+    if first is not None and {"problem", "answer", "unique_id", "source"} <= set(first):
         rows = read_jsonl(path)
     else:
         rows = load_local(path, name).rows

@@ -8,6 +8,7 @@ and trainer actors from module globals, so ours swaps those globals for the dura
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -17,6 +18,8 @@ from openrlhf.trainer import ppo_trainer_async as _async
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
 from openrlhf.utils.logging_utils import init_logger
+
+from avspo_openrlhf.cli.interrupt import stop_file
 
 from .config import ensure
 from .experience_maker import AVSPOExperienceMaker
@@ -68,6 +71,16 @@ def pop_tags(rollout_samples) -> dict:
     if len(sources) == len(rollout_samples):
         out["datasource"] = sources
     return out
+
+
+def seed_prompt_order(dataloader, seed: int) -> None:
+    """Make the prompt order a function of ``--train.seed``. OpenRLHF 0.11.2 builds the prompt
+    dataloader in a process where torch's RNG is never seeded, so its shuffle differs run to run:
+    two methods at the same seed saw different prompts, and comparisons were not paired. A resumed
+    run still continues its order: the dataloader's state_dict (loaded later) holds the generator."""
+    generator = getattr(getattr(dataloader, "sampler", None), "generator", None)
+    if isinstance(generator, torch.Generator):
+        generator.manual_seed(int(seed))
 
 
 class AVSPOTrainerMixin:
@@ -194,29 +207,42 @@ class AVSPOTrainerMixin:
         self._maybe_stop(global_step, client_states)
 
     def _maybe_stop(self, global_step: int, client_states: dict) -> None:
+        if self.stop_reason:
+            return
+        if os.path.exists(stop_file(self.args)):  # Ctrl-C in avspo-train: checkpoint, then stop
+            self._save_now(global_step, client_states)
+            os.remove(stop_file(self.args))
+            self.stop_reason = f"interrupted at step {global_step}"
+            logger.warning(f"[avspo] {self.stop_reason}: checkpoint saved in {self.args.ckpt.path}")
+            self._request_stop()
+            return
         limit = self.args.run.max_steps
-        if limit is not None and global_step >= limit and not self.stop_reason:
+        if limit is not None and global_step >= limit:
             self.stop_reason = f"--run.max_steps {limit} reached"
             logger.info(f"[avspo] {self.stop_reason}")
             self._request_stop()
             return
         stop = set(self.args.monitor.stop_on_alarm)
         fired = [a for a, on in self.controller.alarms().items() if on and (a in stop or "any" in stop)]
-        if not fired or self.stop_reason:
+        if not fired:
             return
-        if global_step % self.args.ckpt.save_steps != 0:  # not saved above
-            tag = f"global_step{global_step}"
-            refs = self.actor_model_group.async_run_method(
-                method_name="save_checkpoint", tag=tag, client_states=client_states
-            )
-            if self.critic_model_group is not None:
-                refs.extend(self.critic_model_group.async_run_method(method_name="save_checkpoint", tag=tag))
-            ray.get(refs)
+        self._save_now(global_step, client_states)
         self.stop_reason = f"alarm(s) {fired} at step {global_step}"
         logger.error(
             f"[avspo] stopping: {self.stop_reason} (--monitor.stop_on_alarm); checkpoint in {self.args.ckpt.path}"
         )
         self._request_stop()
+
+    def _save_now(self, global_step: int, client_states: dict) -> None:
+        if global_step % self.args.ckpt.save_steps == 0:
+            return  # saved by save_logs_and_checkpoints already
+        tag = f"global_step{global_step}"
+        refs = self.actor_model_group.async_run_method(
+            method_name="save_checkpoint", tag=tag, client_states=client_states
+        )
+        if self.critic_model_group is not None:
+            refs.extend(self.critic_model_group.async_run_method(method_name="save_checkpoint", tag=tag))
+        ray.get(refs)
 
     def _request_stop(self) -> None:
         self.samples_generator.stop = True  # the generator reports "exhausted"; fit() ends normally
@@ -227,6 +253,7 @@ class _PPOTrainer(AVSPOTrainerMixin, PPOTrainer.__ray_actor_class__):
                  reference_model_group, vllm_engines, **generate_kwargs):  # fmt: skip
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)  # fmt: skip
+        seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
         self._avspo_setup()
         self.samples_generator = AVSPOSamplesGenerator(
             strategy=strategy,
@@ -295,6 +322,7 @@ class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
     def __init__(self, pretrain, strategy, vllm_engines, *, vllm_lock, rollout_queue, rollout_slots, **generate_kwargs):
         super().__init__(pretrain, strategy, vllm_engines, vllm_lock=vllm_lock, rollout_queue=rollout_queue,
                          rollout_slots=rollout_slots, **generate_kwargs)  # fmt: skip
+        seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
         old = self.samples_generator
         self.samples_generator = AVSPOSamplesGenerator(
             strategy=strategy,

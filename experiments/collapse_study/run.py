@@ -69,6 +69,14 @@ def run_one(method: str, seed: int, args, out: Path, model: str, train: str, hel
     return res
 
 
+def _generated_collapse(r: dict) -> float:
+    """Share of generated groups that collapsed. Dynamic sampling trains only the mixed ones, so its
+    trained-batch ACR is 0 by construction; the dropped share is 1 - trained/generated (groups all
+    have G samples). Without a filter every generated group is trained: the raw ACR."""
+    ratio = r["generated_per_trained"]
+    return 1 - 1 / ratio if ratio > 1 else r["acr_raw"]
+
+
 def _ms(xs: list[float], scale: float = 1.0, fmt: str = "{:.3f}") -> str:
     m = statistics.mean(xs) * scale
     half = (max(xs) - min(xs)) / 2 * scale
@@ -81,16 +89,18 @@ def report(results: list[dict], before: float, out: Path, args) -> str:
         f"T=0.7, {args.max_new_tokens} new tokens, async, seeds {args.seeds}; ± is half the min-max range over seeds. "
         f"Held-out pass@1 (60 problems, n=4, T=0.7) before training: {100 * before:.1f} %.",
         "",
-        "| method | raw ACR | effective ACR | held-out pass@1 (%) | generated ÷ trained | wall time (min) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| method | raw ACR (trained batches) | collapsed among generated groups | effective ACR | held-out pass@1 (%) "
+        "| train reward, last 5 steps | generated ÷ trained | wall time (min) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m in METHODS:
         rs = [r for r in results if r["method"] == m]
         if not rs:
             continue
         lines.append(
-            f"| {m} | {_ms([r['acr_raw'] for r in rs])} | {_ms([r['acr_effective'] for r in rs])} | "
-            f"{_ms([r['heldout_pass1'] for r in rs], 100, '{:.1f}')} | "
+            f"| {m} | {_ms([r['acr_raw'] for r in rs])} | {_ms([_generated_collapse(r) for r in rs])} | "
+            f"{_ms([r['acr_effective'] for r in rs])} | {_ms([r['heldout_pass1'] for r in rs], 100, '{:.1f}')} | "
+            f"{_ms([r['reward_last5'] for r in rs])} | "
             f"{_ms([r['generated_per_trained'] for r in rs], 1, '{:.2f}')} | {_ms([r['wall_min'] for r in rs], 1, '{:.1f}')} |"
         )
     table = "\n".join(lines) + "\n"
