@@ -70,6 +70,26 @@ def test_summary_has_breakdowns_statuses_lengths():
 # ── scoring and resume ──
 
 
+def test_arithmetic_scoring_extracts_answers_for_the_majority_vote():
+    from avspo_openrlhf.evaluation.runner import ALL, Scorer
+    from avspo_openrlhf.rewards.arith_reward import arith_answer, score_arith
+
+    assert arith_answer("so 6 + 1 = 7") == ("7", None)
+    assert arith_answer("\\boxed{1,024} and later 3") == ("1024", None)  # boxed wins over the last integer
+    assert arith_answer("\\boxed{x+1}") == (None, "unparsable")
+    assert arith_answer("no digits here") == (None, "no_answer")
+    assert score_arith("it is 007", "7") == "correct" and score_arith("-3", "3") == "wrong"
+    assert score_arith("5", "five") == "unparsable"
+
+    arith = next(b for b in ALL if b.name == "arith")
+    comps = [Completion(t, 5, False) for t in ("7", "6 + 1 = 7", "I get 8", "no idea")]
+    (answers, statuses, correct), = Scorer(1, 5.0).score(arith, [{"answer": "7"}], [comps])  # fmt: skip
+    assert answers == ["7", "7", "8", None]
+    assert statuses == ["correct", "correct", "wrong", "no_answer"] and correct == [True, True, False, False]
+    rec = {"correct": correct, "answers": answers, "statuses": statuses}
+    assert summarize([rec])["maj@4"] == 1.0  # "7" has the majority
+
+
 def test_reference_solutions_score_100_percent_on_math500_and_fixtures(tmp_path):
     data = _fixtures()
     data["math500"] = load_benchmark("math500", shared_file("math500.jsonl"))

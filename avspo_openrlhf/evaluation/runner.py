@@ -104,12 +104,13 @@ class Scorer:
 
     def score(self, bench: Benchmark, rows: list[dict], comps: list[list[Completion]]) -> list[tuple[list, list, list]]:
         if bench.kind == "arith":
-            from avspo_openrlhf.rewards.arith_reward import score_arith
+            from avspo_openrlhf.rewards.arith_reward import arith_answer, score_arith
 
             out = []
             for r, cs in zip(rows, comps):
                 status = [score_arith(c.text, r["answer"]) for c in cs]
-                out.append(([None] * len(cs), status, [x == "correct" for x in status]))
+                answers = [arith_answer(c.text)[0] for c in cs]  # maj@n votes on these
+                out.append((answers, status, [x == "correct" for x in status]))
             return out
         if bench.kind == "choice":
             out = []

@@ -19,21 +19,28 @@ STATUSES = ("correct", "wrong", "no_answer", "unparsable")
 _INT = re.compile(r"-?\d[\d,]*")
 
 
-def score_arith(response: str, gold: str) -> str:
+def arith_answer(response: str) -> tuple[str | None, str | None]:
+    """``(answer, None)`` with the answer as a canonical integer string, or ``(None, status)`` with
+    status ``no_answer`` / ``unparsable``."""
     boxed = last_boxed(response)
     if boxed is not None:
         text = boxed.replace(",", "").replace("$", "").strip()
         if not re.fullmatch(r"-?\d+", text):
-            return "unparsable"
-        pred = text
-    else:
-        nums = _INT.findall(response)
-        if not nums:
-            return "no_answer"
-        pred = nums[-1].replace(",", "")
+            return None, "unparsable"
+        return str(int(text)), None
+    nums = _INT.findall(response)
+    if not nums:
+        return None, "no_answer"
+    return str(int(nums[-1].replace(",", ""))), None
+
+
+def score_arith(response: str, gold: str) -> str:
+    pred, status = arith_answer(response)
+    if pred is None:
+        return status
     try:
         return "correct" if int(pred) == int(str(gold).strip()) else "wrong"
-    except ValueError:
+    except ValueError:  # a gold answer that is not an integer
         return "unparsable"
 
 
