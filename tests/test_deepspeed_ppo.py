@@ -36,7 +36,8 @@ def _actor(args, model, port):
     return actor
 
 
-def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cpu_dtype", ["bf16", "fp32"])
+def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, monkeypatch, cpu_dtype):
     monkeypatch.setenv("LOCAL_RANK", "0")
     model = build_tiny_model(str(tmp_path / "tiny"))
     g, n = 4, 2
@@ -47,13 +48,18 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         "--avspo.enable", "--acr.window", "1", "--avspo.tau_init", "0.1",
         "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--algo.kl.init_coef", "0.01",
         "--actor.eps_clip_low_high", "0.2", "0.28", "--actor.loss_agg_mode", "token-mean",
+        "--backend", "cpu", "--cpu.dtype", cpu_dtype,
         "--vllm.sync_backend", "gloo", "--ckpt.path", str(tmp_path / "ckpt"), "--actor.adam.lr", "1e-2", "--actor.lr_warmup_ratio", "0",
     ]  # fmt: skip
     args = parse(*flags, base=["--reward.remote_url", "r.py", "--actor.num_gpus_per_node", "1",
                                "--algo.advantage.estimator", "group_norm"])  # fmt: skip
+    assert args.ds.param_dtype == cpu_dtype  # --cpu.dtype replaces OpenRLHF's GPU-only bf16/fp16 choice
     rewards = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 1]])  # one all-right group: AVSPO gives it a signal
     with cpu_cuda_shims():
         actor = _actor(args, model, _port())
+        want = {"bf16": torch.bfloat16, "fp32": torch.float32}[cpu_dtype]
+        assert {p.dtype for p in actor.actor.model.parameters()} == {want}
+        assert actor.actor.model.bfloat16_enabled() == (cpu_dtype == "bf16")  # DeepSpeed's engine
         maker = make_maker(args, AVSPOExperienceMaker, kl_coef=0.0)
         exps = maker.split_rollout_samples(rollout_samples(rewards))
         for e in exps:  # what make_experience attaches: current and reference log-probs

@@ -80,3 +80,22 @@ def test_console_scripts_are_installed_and_answer_help(script):
     assert os.path.exists(exe), f"{script} missing: run `pip install --no-deps -e .` (setup.sh does)"
     r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "usage" in r.stdout.lower(), r.stderr[-2000:]
+
+
+def test_cpu_dtype_auto_picks_bf16_only_where_the_cpu_has_it(tmp_path):
+    from avspo_openrlhf.cpu.dtype import cpu_has_native_bf16, resolve_cpu_dtype
+
+    zen3 = tmp_path / "zen3"  # AVX2 only (the CI machine type): bf16 is emulated and ~100x slower
+    zen3.write_text(
+        "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    )
+    sapphire = tmp_path / "spr"
+    sapphire.write_text("processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    graviton = tmp_path / "arm"
+    graviton.write_text("processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n")
+    assert not cpu_has_native_bf16(str(zen3)) and resolve_cpu_dtype("auto", str(zen3)) == "fp32"
+    assert resolve_cpu_dtype("auto", str(sapphire)) == "bf16" and resolve_cpu_dtype("auto", str(graviton)) == "bf16"
+    assert resolve_cpu_dtype("auto", str(tmp_path / "missing")) == "fp32"  # e.g. macOS
+    assert resolve_cpu_dtype("bf16", str(zen3)) == "bf16"  # an explicit choice is kept
+    with pytest.raises(ValueError, match="CPU dtype"):
+        resolve_cpu_dtype("fp16")

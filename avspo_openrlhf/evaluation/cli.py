@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--backend", choices=["vllm", "vllm-cpu"], default=None, help="default: vllm with a GPU, else vllm-cpu"
     )
+    p.add_argument(
+        "--cpu-dtype",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="vllm-cpu dtype; auto: bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), else fp32",
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine")
     p.add_argument("--dp", type=int, default=1, help="data-parallel engines (GPU)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -113,6 +119,7 @@ def _generator(args, model: str):
     return VLLMGenerator(
         model, cpu=backend == "vllm-cpu", tensor_parallel=args.tp, data_parallel=args.dp,
         max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+        cpu_dtype=args.cpu_dtype,
     )  # fmt: skip
 
 

@@ -47,7 +47,8 @@ class VLLMGenerator:
     in spawned processes) or on CPU (``cpu=True``: in-process engine, eager mode)."""
 
     def __init__(self, model: str, *, cpu: bool = False, tensor_parallel: int = 1, data_parallel: int = 1,
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0):  # fmt: skip
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
+                 cpu_dtype: str = "auto"):  # fmt: skip
         if cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -60,7 +61,9 @@ class VLLMGenerator:
             trust_remote_code=True,
         )
         if cpu:
-            self.engine_kwargs.update(enforce_eager=True, dtype="bfloat16")
+            from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, resolve_cpu_dtype
+
+            self.engine_kwargs.update(enforce_eager=True, dtype=VLLM_DTYPE[resolve_cpu_dtype(cpu_dtype)])
         else:
             self.engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         from transformers import AutoTokenizer

