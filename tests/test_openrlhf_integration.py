@@ -231,6 +231,18 @@ def test_state_is_saved_in_checkpoints_and_restored_exactly():
         assert torch.equal(a1, a2) and m1 == m2
 
 
+def test_non_finite_loss_stops_before_the_weights_are_synced(monkeypatch):
+    from openrlhf.trainer.ppo_trainer import BasePPOTrainer
+
+    t = _trainer(parse())
+    status = {"policy_loss": 0.3, "actor_grad_norm": 1.0, "entropy_loss": 0.9}
+    monkeypatch.setattr(BasePPOTrainer, "ppo_train", lambda self, step: dict(status))
+    assert t.ppo_train(4) == status
+    status["actor_grad_norm"] = float("inf")
+    with pytest.raises(FloatingPointError, match=r"actor_grad_norm.*training step 5"):
+        t.ppo_train(4)  # inside train_step this is before broadcast_to_vllm and any checkpoint
+
+
 def test_alarm_stops_the_run_after_a_checkpoint():
     args = parse("--acr.stall_patience", "2", "--acr.stall_threshold", "0.35", "--monitor.stop_on_alarm", "acr_stall")
     args.ckpt.save_steps = float("inf")  # what PPOTrainer.__init__ makes of the default -1

@@ -8,6 +8,7 @@ and trainer actors from module globals, so ours swaps those globals for the dura
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -29,6 +30,8 @@ logger = init_logger(__name__)
 
 STATE_KEY = "avspo_state"
 SKIPPED = "_avspo_skipped"
+# optimizer metrics that must be finite before an update may reach the engines or a checkpoint
+LOSS_KEYS = ("policy_loss", "actor_grad_norm", "critic_loss", "entropy_loss", "kl")
 
 
 _EVAL_KEY = re.compile(r"^eval_(?P<ds>.+)_(?P<metric>pass\d+|response_length_mean|truncated_rate)$")
@@ -155,6 +158,16 @@ class AVSPOTrainerMixin:
         status.update(self.controller.after_train(status, kl_key))
         status.update(extra)
         return status, step
+
+    def ppo_train(self, global_steps: int):
+        status = super().ppo_train(global_steps)
+        bad = {k: float(status[k]) for k in LOSS_KEYS if k in status and not math.isfinite(float(status[k]))}
+        if bad:  # raised before the weights are synced to the engines or saved
+            raise FloatingPointError(
+                f"[avspo] non-finite {bad} in training step {global_steps + 1}: stopped before syncing or saving "
+                f"these weights; resume from the last checkpoint in {self.args.ckpt.path} (e.g. with a lower --actor.adam.lr)"
+            )
+        return status
 
     def _reject_stale(self, rollout_samples, staleness: int, global_step: int) -> dict:
         self.counters["dropped_stale_batches"] += 1
