@@ -133,6 +133,9 @@ def test_interrupted_evaluation_resumes_to_the_same_summary(tmp_path):
     resumed = evaluate_model(FileGenerator(str(comps)), data, Decoding(n=2), out, chunk=3)
     assert resumed["benchmarks"] == fresh["benchmarks"]
     assert fresh["benchmarks"]["gsm8k"]["pass@1"] == 0.25 and fresh["benchmarks"]["gsm8k"]["pass@2"] == 0.5
+    # the folder's records were made at n=2: resuming them under other settings would mix samples
+    with pytest.raises(ValueError, match=r"other settings.*'n': \(2, 4\)"):
+        evaluate_model(FileGenerator(str(comps)), data, Decoding(n=4), out, chunk=3)
 
 
 def test_markdown_table_average_states_what_it_covers():

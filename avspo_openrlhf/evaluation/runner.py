@@ -6,6 +6,7 @@ Output layout (``--output DIR``)::
     DIR/<benchmark>/summary.json    metrics for that benchmark
     DIR/summary.json                all benchmarks + decoding settings
     DIR/table.md                    the paper-layout table
+    DIR/decoding.json               model label + decoding: a resume with other settings is refused
 
 Records are appended chunk by chunk (fsynced), so an interrupted run continues from the last
 complete line; a summary is rebuilt from the records, so a resumed run gives the same summary.
@@ -209,6 +210,7 @@ def markdown_table(results: dict[str, dict], decoding: str, label: str = "model"
 def evaluate_model(generator, benchmarks: dict[str, list[dict]], dec: Decoding, out: Path, *, label="model",
                    workers=2, timeout_s=5.0, **kw) -> dict:  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
+    _check_resume(out / "decoding.json", {"label": label, **dec.__dict__})
     scorer = Scorer(workers, timeout_s)
     results = {}
     try:
@@ -221,6 +223,20 @@ def evaluate_model(generator, benchmarks: dict[str, list[dict]], dec: Decoding, 
     write_json(out / "summary.json", {"decoding": dec.__dict__, "label": label, "benchmarks": results})
     (out / "table.md").write_text(table, encoding="utf-8")
     return {"benchmarks": results, "table": table}
+
+
+def _check_resume(path: Path, settings: dict) -> None:
+    """Records are resumed by problem id, so a folder must hold one model and one decoding: refuse to
+    mix in samples made with other settings."""
+    if path.exists():
+        old = json.loads(path.read_text(encoding="utf-8"))
+        if old != settings:
+            diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+            raise ValueError(
+                f"{path.parent} holds results of other settings {diff} (was, now): use another --output or delete it"
+            )
+    else:
+        write_json(path, settings)
 
 
 _STEP = re.compile(r"global_step(\d+)")
