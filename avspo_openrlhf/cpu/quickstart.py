@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/quickstart", help="run folder (rerun with the same folder to resume)")
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
-    p.add_argument("--steps", type=int, default=20, help="training steps (one pass over the training prompts)")
+    p.add_argument("--steps", type=int, default=10, help="training steps (one pass over the training prompts)")
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=8, help="G, completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
