@@ -2,7 +2,7 @@
 # Runs the test suite in the setup.sh virtualenv. Extra arguments go to pytest (e.g. -k acr).
 # pytest exits 5 when it collected no tests: that is a failure here, not a pass.
 set -uo pipefail
-cd "$(dirname "$0")"
+cd "$(dirname "$0")" || exit 1
 VENV=${AVSPO_VENV:-.venv}
 export DS_ACCELERATOR=cpu WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
 "$VENV/bin/python" -m pytest "$@"

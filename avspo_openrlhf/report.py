@@ -41,6 +41,17 @@ class JsonlLogger:
         pass
 
 
+def _wandb_config(args) -> dict:
+    """The run's args as a plain nested dict, secrets redacted (the wandb config is visible to
+    everyone who can see the project)."""
+    from avspo_openrlhf.redaction import redact
+
+    def plain(v):
+        return {k: plain(x) for k, x in vars(v).items()} if hasattr(v, "__dict__") else v
+
+    return plain(redact(args))
+
+
 class WandbAutoLogger:
     """wandb without an API key flag: online when logged in, otherwise offline (``wandb sync`` later)."""
 
@@ -51,7 +62,7 @@ class WandbAutoLogger:
         self.handle = wandb
         self.run = wandb.init(
             project=args.logger.wandb.project or "avspo", name=args.logger.wandb.run_name, mode=mode, dir=run_dir,
-            config={k: vars(v) if hasattr(v, "__dict__") else v for k, v in vars(args).items()}, reinit=True,
+            config=_wandb_config(args), reinit=True,
         )  # fmt: skip
         wandb.define_metric("train/global_step")
         wandb.define_metric("train/*", step_metric="train/global_step", step_sync=True)

@@ -396,3 +396,39 @@ def test_range_ends_match_despite_float32_rounding():
     r = torch.ones(1, 2) * 12.0 + shift
     s = collapse_stats(r, reward_range=(shift, 12.0 + shift))
     assert s.num_all_right == 1
+
+
+@pytest.mark.parametrize("strategy", ["stratified", "fixed_partial", "exp_decay", "random_uniform"])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_fixed_k_equals_the_k_rule_at_the_same_k(strategy, k):
+    """--avspo.num_virtual K: the paper's fixed-K ablation is the K rule's result at that K."""
+    r = random_batch(200, 8, seed=5)
+    gen_a, gen_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a, ia = group_advantages(r, "avspo", acr_gate=0.9, tau_adapt=0.1, strategy=strategy, fixed_k=k, generator=gen_a)
+    b, ib = group_advantages(r, "avspo", acr_gate=gate_for_k(k, 8), tau_adapt=0.0, strategy=strategy, generator=gen_b)
+    assert ia["num_virtual_k"] == ib["num_virtual_k"] == k
+    assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="fixed_k"):
+        group_advantages(r, "avspo", acr_gate=0.9, fixed_k=0)
+
+
+@pytest.mark.parametrize("strategy", ["stratified", "random_uniform"])
+def test_fix_groups_augments_only_the_chosen_collapsed_groups(strategy):
+    """--avspo.fix_groups all_wrong / all_right: the paper's mechanism isolation. The chosen kind gets
+    exactly full AVSPO's advantages; the other kind keeps GRPO's zeros; mixed groups are untouched."""
+    r = torch.cat([random_batch(120, 8, seed=6), torch.full((1, 8), 0.25)])  # + an 'other' constant group
+    full, _ = group_advantages(r, "avspo", acr_gate=0.6, strategy=strategy, generator=torch.Generator().manual_seed(1))
+    grpo, _ = group_advantages(r, "grpo")
+    for fix, kind in [("all_wrong", "wrong"), ("all_right", "right")]:
+        adv, info = group_advantages(r, "avspo", acr_gate=0.6, strategy=strategy, fix_groups=fix,
+                                     generator=torch.Generator().manual_seed(1))  # fmt: skip
+        s = info["stats"]
+        chosen = s.all_right if kind == "right" else s.collapsed & ~s.all_right  # 'other' counts as all-wrong
+        other = s.collapsed & ~chosen
+        assert torch.allclose(adv[chosen], full[chosen], atol=1e-6) and (adv[chosen] != 0).all()
+        assert (adv[other] == 0).all()
+        assert torch.equal(adv[~s.collapsed], grpo[~s.collapsed])
+        assert info["num_virtual"][other].sum() == 0 and (info["num_virtual"][chosen] == info["num_virtual_k"]).all()
+        assert info["acr_effective"] == pytest.approx(int(other.sum()) / r.shape[0])
+    with pytest.raises(ValueError, match="fix_groups"):
+        group_advantages(r, "avspo", fix_groups="neither")

@@ -21,6 +21,7 @@ from avspo_openrlhf.rewards import (
     verify_answer,
 )
 from avspo_openrlhf.rewards.audit import audit_references
+from avspo_openrlhf.rewards.extract import final_boxes
 
 TIMEOUT = 2.0
 
@@ -98,6 +99,67 @@ def test_equivalent_forms_are_correct(completion, gold):
 def test_statuses(completion, gold, status):
     r = verify_answer(completion, gold)
     assert r.status == status and r.reward == float(status == "correct")
+
+
+# ── several boxed answers: one answer, verified as a whole ──
+
+MULTI_CORRECT = [
+    # the examples (math-verify on the full text says correct for each)
+    ("\\boxed{(2, 2)} \\quad \\text{and} \\quad \\boxed{(6, 2)}", "(2, 2), (6, 2)"),
+    ("So x = \\boxed{1}, \\boxed{2}, \\boxed{3}", "1, 2, 3"),
+    ("\\boxed{k = 45} and \\boxed{n = 2}", "k = 45, n = 2"),
+    # order swapped (the gold is a set of values)
+    ("\\boxed{(6, 2)} and \\boxed{(2, 2)}", "(2, 2), (6, 2)"),
+    ("\\boxed{3}, \\boxed{1}, \\boxed{2}", "1, 2, 3"),
+    ("\\boxed{n = 2} and \\boxed{k = 45}", "k = 45, n = 2"),
+    # MATH style: roots listed in math mode, a set gold
+    ("The roots are $x = \\boxed{-2}$ and $x = \\boxed{3}$.", "3, -2"),
+    ("\\(\\boxed{1}\\), \\(\\boxed{2}\\)", "\\{1, 2\\}"),
+    # OlympiadBench style: one equation per variable; solutions joined by "or"
+    ("Hence $x=\\boxed{1}$, $y=\\boxed{2}$.", "x=1, y=2"),
+    ("so $x = \\boxed{3}$ or $x = \\boxed{5}$", "3, 5"),
+    # a repeated box counts once; "x = 5" beside "5" is one value
+    ("\\boxed{5} \\boxed{5}", "5"),
+    ("Thus $\\boxed{x=5}$, i.e. $\\boxed{5}$", "5"),
+    # an intermediate result far earlier does not join the final answer
+    ("First, $a = \\boxed{2}$ from the first equation.\n\nTherefore the answer is \\boxed{5}.", "5"),
+    ("We get \\boxed{2}. Hence the answer is \\boxed{5}.", "5"),
+]
+
+MULTI_WRONG = [
+    # hedging: alternatives are verified together, so they never match one gold value
+    ("\\boxed{3} or \\boxed{5} or \\boxed{7}", "5"),
+    ("\\boxed{5} or \\boxed{3}", "5"),
+    ("either $\\boxed{3}$ or $\\boxed{5}$", "5"),
+    ("\\boxed{5}, \\boxed{7}", "5"),
+    # a partial list is not the answer
+    ("\\boxed{(2, 2)} and \\boxed{(6, 2)}", "(2, 2), (6, 2), (1, 1)"),
+    # the intermediate box does not complete the final one
+    ("First, $a = \\boxed{2}$ from the first equation.\n\nTherefore the answer is \\boxed{5}.", "2, 5"),
+]
+
+
+@pytest.mark.parametrize("completion, gold", MULTI_CORRECT)
+def test_several_final_boxes_are_one_answer(completion, gold):
+    assert verify_answer(completion, gold).status == "correct"
+
+
+@pytest.mark.parametrize("completion, gold", MULTI_WRONG)
+def test_hedged_partial_and_intermediate_boxes_are_wrong(completion, gold):
+    r = verify_answer(completion, gold)
+    assert r.status == "wrong", r
+
+
+def test_final_boxes_rule():
+    assert final_boxes("\\boxed{1}, \\boxed{2} \\text{ and } \\boxed{3}") == ["1", "2", "3"]
+    assert final_boxes("\\boxed{1}\n\n\\boxed{2}") == ["2"]  # a blank line ends the final answer
+    assert final_boxes("\\boxed{1}" + ", " * 40 + "\\boxed{2}") == ["2"]  # too far apart
+    assert final_boxes("\\boxed{x=1} and \\boxed{y=1}") == ["x=1", "y=1"]  # same value, other variables
+    assert final_boxes("\\boxed{x=1} and \\boxed{1}") == ["x=1"]
+    assert final_boxes("no boxes") == [] and final_boxes("\\boxed{}") == []
+    # the last-box rule is still there on request (the audit counts what the new rule changes)
+    assert verify_answer("\\boxed{3} or \\boxed{5}", "5", multi_box=False).status == "correct"
+    assert extract_answer("\\boxed{1}, \\boxed{2}") == ("1, 2", "boxed_multi")
 
 
 def test_pool_scores_in_order_and_statuses_are_known(pool):
@@ -207,3 +269,44 @@ def test_labelled_completions_audit(pool, tmp_path):
     assert main(["--completions", str(path), "--out-dir", str(tmp_path / "out"), "--workers", "1"]) == 0
     assert json.loads((tmp_path / "out" / "report.json").read_text())["n"] == 4
     assert len((tmp_path / "out" / "false_negatives.jsonl").read_text().splitlines()) == 1
+
+
+def test_second_opinion_audit_reports_disagreements_by_category(pool, tmp_path):
+    from avspo_openrlhf.rewards.audit import audit_second_opinion, disagreement_category, main
+
+    rows = [
+        {"completion": "\\boxed{4}", "answer": "4"},  # both correct
+        {"completion": "so it is $4$", "answer": "4"},  # no answer marker: math-verify alone reads it
+        {"completion": "\\boxed{1}, \\boxed{2}", "answer": "1, 2"},  # several boxes: both correct now
+        {"completion": "\\boxed{3} or \\boxed{5}", "answer": "5"},  # hedging: both wrong
+        {"completion": "\\boxed{7}", "answer": "8"},  # both wrong
+    ]
+    report, dis = audit_second_opinion([r["completion"] for r in rows], [r["answer"] for r in rows], pool)
+    assert report["n"] == 5 and report["disagree"] == len(dis) == 1
+    assert dis[0]["category"] == "no_answer_marker" and dis[0]["who_says_correct"] == "math_verify"
+    assert report["by_category"]["no_answer_marker"]["math_verify_only_correct"] == 1
+    mb = report["multi_box"]
+    assert mb["completions_with_several_final_boxes"] == 2
+    # the new rule fixed "1, 2" and stopped rewarding the hedge (the last box alone was 5)
+    assert mb["flips_wrong_to_correct_vs_last_box"] == 1 and mb["flips_correct_to_wrong_vs_last_box"] == 1
+    assert disagreement_category("\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}", "x") == "matrix"
+    assert disagreement_category("\\boxed{x > 2}", "(2, \\infty)") == "relation"
+    assert disagreement_category("\\boxed{5\\text{ cm}}", "5") == "units"
+    assert disagreement_category("\\boxed{[1, 2)}", "[1,2)") == "interval"
+
+    # CLI: a completions file (no labels needed) and avspo-eval records in a folder
+    comp = tmp_path / "comp.jsonl"
+    comp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert (
+        main(["--second-opinion", "--completions", str(comp), "--out-dir", str(tmp_path / "a"), "--workers", "1"]) == 0
+    )
+    assert json.loads((tmp_path / "a" / "report.json").read_text())["disagree"] == 1
+    assert len((tmp_path / "a" / "disagreements.jsonl").read_text().splitlines()) == 1
+    rec = tmp_path / "eval" / "math500" / "records.jsonl"
+    rec.parent.mkdir(parents=True)
+    rec.write_text(json.dumps({"answer": "4", "completions": [r["completion"] for r in rows[:2]]}) + "\n")
+    assert main(["--second-opinion", "--records", str(tmp_path / "eval"), "--out-dir", str(tmp_path / "b"),
+                 "--workers", "1"]) == 0  # fmt: skip
+    assert json.loads((tmp_path / "b" / "report.json").read_text())["n"] == 2
+    with pytest.raises(SystemExit):  # --records without --second-opinion
+        main(["--records", str(rec)])

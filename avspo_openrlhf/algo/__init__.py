@@ -11,6 +11,7 @@ correctness matrix ``R``::
 
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
+    FIX_GROUPS,
     STD_CONVENTIONS,
     augmented_group_stats,
     group_advantages,
@@ -32,6 +33,7 @@ __all__ = [
     "ACR100_FIT_INTERCEPT",
     "ACR100_FIT_SLOPE",
     "ADVANTAGE_ESTIMATORS",
+    "FIX_GROUPS",
     "ACRTracker",
     "AdaptiveThreshold",
     "CollapseStats",

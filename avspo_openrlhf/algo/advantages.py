@@ -20,6 +20,7 @@ from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, CollapseStats, _check_s
 from .virtual import coef_moments, get_strategy, num_virtual
 
 STD_CONVENTIONS = {"population": 0, "unbiased": 1}  # -> divide by G - correction
+FIX_GROUPS = ("both", "all_wrong", "all_right")  # which collapsed groups AVSPO augments
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]] = {}
 
@@ -108,13 +109,23 @@ def _avspo(
     r_anchor,
     gamma,
     generator,
+    fixed_k=None,
+    fix_groups="both",
 ):
     g = stats.group_size
     strat = get_strategy(strategy)
-    gate_open = acr_gate > tau_adapt and stats.num_collapsed > 0
-    k = num_virtual(g, acr_gate, alpha, strategy) if gate_open else 0
+    fix_wrong, fix_right = fix_groups in ("both", "all_wrong"), fix_groups in ("both", "all_right")
+    # the collapsed groups that get virtual samples; "all-wrong" includes any other constant group
+    if fix_groups == "both":
+        augmented, n_aug = stats.collapsed, stats.num_collapsed
+    elif fix_groups == "all_wrong":
+        augmented, n_aug = stats.collapsed & ~stats.all_right, stats.num_collapsed - stats.num_all_right
+    else:
+        augmented, n_aug = stats.all_right, stats.num_all_right
+    gate_open = acr_gate > tau_adapt and n_aug > 0
+    k = (fixed_k or num_virtual(g, acr_gate, alpha, strategy)) if gate_open else 0
     scale, offset, _ = _grpo(stats, std=std, eps=eps)  # gate closed: bit-for-bit GRPO
-    info = {"gate_open": gate_open, "num_virtual_k": k, "num_virtual": stats.collapsed * k}
+    info = {"gate_open": gate_open, "num_virtual_k": k, "num_virtual": augmented * k}
     if not gate_open:
         info["num_effective_collapsed"] = stats.num_collapsed
         return scale, offset, info
@@ -136,8 +147,13 @@ def _avspo(
             float(tol),
             stats.mean.dtype,
         )
-        offset.add_(stats.all_right, alpha=a_r).add_(stats.all_wrong, alpha=a_w)
-        num_eff = stats.num_all_wrong * still_w + stats.num_all_right * still_r
+        if fix_right:
+            offset.add_(stats.all_right, alpha=a_r)
+        if fix_wrong:
+            offset.add_(stats.all_wrong, alpha=a_w)
+        num_eff = stats.num_all_wrong * (still_w if fix_wrong else 1) + stats.num_all_right * (
+            still_r if fix_right else 1
+        )
     else:
         spec = strat.fn(
             stats.mean, stats.all_right, k, lo=lo, hi=hi, r_anchor=r_anchor, gamma=gamma, generator=generator
@@ -145,9 +161,9 @@ def _avspo(
         m_aug, s_aug, s_aug_pop = augmented_group_stats(
             stats.mean, stats.ssd / g, g, k, spec.scale, *coef_moments(spec, stats.all_right), correction
         )
-        scale = torch.where(stats.collapsed, 1.0 / (s_aug + eps), scale)
-        offset = torch.where(stats.collapsed, -m_aug * scale, offset)
-        num_eff = int((stats.collapsed & (s_aug_pop < tol)).sum())
+        scale = torch.where(augmented, 1.0 / (s_aug + eps), scale)
+        offset = torch.where(augmented, -m_aug * scale, offset)
+        num_eff = int((stats.collapsed & (~augmented | (s_aug_pop < tol))).sum())
     info["num_effective_collapsed"] = num_eff
     return scale, offset, info
 
@@ -167,6 +183,8 @@ def group_advantages(
     r_anchor: float = 0.1,
     gamma: float = 0.5,
     generator: torch.Generator | None = None,
+    fixed_k: int | None = None,
+    fix_groups: str = "both",
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Advantages of the G real samples of each prompt group.
 
@@ -186,6 +204,11 @@ def group_advantages(
         strategy: virtual reward values, see :data:`~avspo_openrlhf.algo.virtual.VIRTUAL_STRATEGIES`.
         r_anchor, gamma: strategy parameters (stratified / exp_decay).
         generator: seeds ``random_uniform``.
+        fixed_k: AVSPO: this many virtual samples per augmented group instead of the K rule
+            (the paper's fixed-K ablation); ``None``: the K rule.
+        fix_groups: AVSPO: which collapsed groups get virtual samples: ``both`` (default),
+            ``all_wrong`` (and any other constant group below the maximum) or ``all_right``; the
+            others keep GRPO's zero advantages (the paper's mechanism-isolation ablation).
 
     Returns:
         ``(advantages [N, G], info)``. ``info`` holds the :class:`CollapseStats` (``stats``), the
@@ -195,6 +218,10 @@ def group_advantages(
     """
     if estimator not in ADVANTAGE_ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; choose from {sorted(ADVANTAGE_ESTIMATORS)}")
+    if fix_groups not in FIX_GROUPS:
+        raise ValueError(f"fix_groups must be one of {FIX_GROUPS}, got {fix_groups!r}")
+    if fixed_k is not None and (int(fixed_k) != fixed_k or fixed_k < 1):
+        raise ValueError(f"fixed_k must be a positive integer or None, got {fixed_k!r}")
     if std not in STD_CONVENTIONS:
         raise ValueError(f"std must be one of {sorted(STD_CONVENTIONS)}, got {std!r}")
     rewards = _check_shape(rewards, "rewards")
@@ -220,6 +247,7 @@ def group_advantages(
         r_anchor=r_anchor,
         gamma=gamma,
         generator=generator,
+        **({"fixed_k": fixed_k, "fix_groups": fix_groups} if estimator == "avspo" else {}),
     )
     adv = torch.addcmul(offset[:, None], rewards, scale[:, None])
     num_eff = info.pop("num_effective_collapsed", stats.num_collapsed)

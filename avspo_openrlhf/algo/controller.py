@@ -31,7 +31,8 @@ class AVSPOController:
             which are what the policy is trained on.
         tol, reward_range: collapse tolerance and reward range (see ``collapse_stats``).
         tracker: kwargs of :class:`ACRTracker` (smoothing, window, ...).
-        strategy, alpha, r_anchor, gamma, std, eps: AVSPO options (see ``group_advantages``).
+        strategy, alpha, r_anchor, gamma, std, eps, fixed_k, fix_groups: AVSPO options (see
+            ``group_advantages``).
         tau_init, eta, tau_bounds, reward_ema_decay: :class:`AdaptiveThreshold`.
         seed: seeds the ``random_uniform`` strategy (its generator state is checkpointed).
         entropy_threshold, entropy_patience: entropy-collapse alarm (``None`` threshold: off).
@@ -52,6 +53,8 @@ class AVSPOController:
         gamma: float = 0.5,
         std: str = "population",
         eps: float = 1e-6,
+        fixed_k: int | None = None,
+        fix_groups: str = "both",
         tau_init: float = 0.5,
         eta: float = 0.01,
         tau_bounds: tuple[float, float] = (0.1, 0.9),
@@ -67,8 +70,9 @@ class AVSPOController:
         self.enable, self.gate_view = bool(enable), gate_view
         self.tol, self.reward_range = float(tol), (float(reward_range[0]), float(reward_range[1]))
         self.adv_kwargs = dict(
-            strategy=strategy, alpha=alpha, r_anchor=r_anchor, gamma=gamma, std=std, eps=eps, tol=self.tol
-        )
+            strategy=strategy, alpha=alpha, r_anchor=r_anchor, gamma=gamma, std=std, eps=eps, tol=self.tol,
+            fixed_k=fixed_k, fix_groups=fix_groups,
+        )  # fmt: skip
         self.tracker = ACRTracker(**(tracker or {}))
         self.threshold = AdaptiveThreshold(tau_init, eta, tuple(tau_bounds), reward_ema_decay)
         self.generator = torch.Generator().manual_seed(int(seed))

@@ -8,6 +8,7 @@ import signal
 import sys
 
 STOP_FILE = "STOP"
+STOPPED_MARKER = "STOPPED"  # written by the trainer after it checkpointed and stopped on STOP
 INTERRUPT = {"requested": False}
 
 
@@ -17,12 +18,26 @@ def stop_file(args) -> str:
     return os.path.join(args.ckpt.path, STOP_FILE)
 
 
+def stopped_marker(args) -> str:
+    return os.path.join(args.ckpt.path, STOPPED_MARKER)
+
+
+def take_stopped_marker(args) -> bool:
+    """True (and the marker removed) if the trainer stopped on the STOP file in this run."""
+    path = stopped_marker(args)
+    if os.path.exists(path):
+        os.remove(path)
+        return True
+    return False
+
+
 def install_interrupt_handler(args) -> None:
     """First Ctrl-C: ask the trainer to save a checkpoint after the current step and stop; a second
     Ctrl-C aborts at once."""
     path = stop_file(args)
-    if os.path.exists(path):
-        os.remove(path)  # left over from an earlier run
+    for old in (path, stopped_marker(args)):
+        if os.path.exists(old):
+            os.remove(old)  # left over from an earlier run
 
     def handler(signum, frame):
         if INTERRUPT["requested"]:

@@ -7,6 +7,11 @@ of OpenRLHF's flags, defaults and checks stay exactly as they are.
 
     avspo-train --help                  # OpenRLHF's flags and ours
     avspo-train --dry-run <flags>       # parse + validate, print the final config, exit
+    avspo-train @launch_scripts/configs/qwen2.5-math-1.5b_avspo.args --ckpt.path runs/x/ckpt
+                                        # flags from a file (shell-like words, # comments, $VARS
+                                        # expanded); later flags override the file's
+
+Secrets never reach a dump, a log or the wandb config (see ``avspo_openrlhf.redaction``).
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import argparse
 import json
 import os
 import runpy
+import shlex
 import sys
 import threading
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler
+from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, take_stopped_marker
+from avspo_openrlhf.redaction import move_wandb_key_to_env, redact
 from avspo_openrlhf.trainer import config
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
@@ -49,6 +56,21 @@ def _patched(obj, name, value):
         setattr(obj, name, old)
 
 
+def config_file_words(line: str) -> list[str]:
+    """One line of an ``@file`` config: shell-like words, ``#`` starts a comment, ``$VAR`` /
+    ``${VAR}`` expanded from the environment (an unset variable is an error, not an empty word)."""
+    words = shlex.split(line, comments=True)
+    out = []
+    for w in words:
+        expanded = os.path.expandvars(w)
+        if "$" in expanded and "$" in w:
+            raise SystemExit(
+                f"avspo-train: error: config line {line.strip()!r}: environment variable in {w!r} is not set"
+            )
+        out.append(expanded)
+    return out
+
+
 def _to_dict(ns):
     if isinstance(ns, SimpleNamespace):
         return {k: _to_dict(v) for k, v in vars(ns).items()}
@@ -74,6 +96,8 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
         if not getattr(self, "_avspo_added", False):
             self._avspo_added = True
             self.description = self.description or DESCRIPTION
+            self.fromfile_prefix_chars = "@"  # avspo-train @config.args: a config is a command line
+            self.convert_arg_line_to_args = config_file_words
             self.add_argument(
                 "--dry-run", action="store_true", help="Parse and validate all flags, print the config, exit."
             )
@@ -90,6 +114,8 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
     def hierarchize(args):
         dry = vars(args).pop("dry_run", False)
         out = orig_hier(args)
+        move_wandb_key_to_env(out)  # before anything can print, save or ship the args
+        config.resolve_reward_alias(out)
         config.validate(out)
         if out.backend == "cpu":  # before OpenRLHF's checks, which assume 8 GPUs per node
             from avspo_openrlhf.cpu.backend import validate_cpu_args
@@ -151,12 +177,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 130
-    if INTERRUPT["requested"]:
+    # the trainer leaves a marker when it stopped on <ckpt.path>/STOP (Ctrl-C here, or a launcher
+    # that wrote the file, e.g. the SLURM preemption handler): exit 130 so the caller can tell
+    # "stopped, resume me" from "finished"
+    stopped = args is not None and "--dry-run" not in argv and take_stopped_marker(args)
+    if INTERRUPT["requested"] or stopped:
         print("[avspo] stopped after a checkpoint; rerun the same command with --ckpt.load_enable to resume.",
               file=sys.stderr)  # fmt: skip
         return 130
     if args is not None and "--dry-run" in argv:
-        print(json.dumps(_to_dict(args), indent=1, default=str))
+        print(json.dumps(_to_dict(redact(args)), indent=1, default=str))
     return 0
 
 

@@ -2,7 +2,9 @@
 
 Order of the documented fallbacks, first hit wins:
 1. ``boxed``: the last balanced, non-empty ``\\boxed{...}`` / ``\\fbox{...}`` (nested braces
-   allowed), or ``\\boxed 5`` (space form);
+   allowed), or ``\\boxed 5`` (space form). ``boxed_multi``: when the closing part boxes several
+   answers (``\\boxed{1}, \\boxed{2}``), they are one answer, joined with ", " and verified as a whole
+   (see :func:`final_boxes` for the rule);
 2. ``phrase``: the last "final answer is X" / "the answer is X" / "Answer: X" (to the end of the
    line or sentence; surrounding ``$`` and a trailing period are dropped);
 3. ``hash``: GSM8K's ``#### X``.
@@ -44,8 +46,77 @@ def last_boxed(text: str) -> str | None:
     return spaced[-1] if spaced else None
 
 
-def extract_answer(text: str) -> tuple[str | None, str]:
-    """``(answer, method)``; ``(None, "none")`` when nothing answer-like is found."""
+# Text allowed between two boxes of one final answer: separators, math-mode delimiters, spacing
+# macros, "and"/"or", and a short left-hand side such as "x =" or "n_2 =". Anything else (a
+# sentence, a blank line) means the earlier box was an intermediate result.
+_CONNECTOR_RE = re.compile(
+    r"(?:\s|[,;&~$]|\\[()\[\]]|\\q?quad\b|\\[,;:! ]|\\\\|\\(?:text|mathrm|textbf|mbox)\s*\{\s*(?:and|or|,)?\s*\}"
+    r"|\b(?:and|or)\b|[A-Za-z](?:_\{?\w{1,3}\}?)?\s*=)*",
+    re.IGNORECASE,
+)
+MAX_JOIN_GAP = 64  # characters between two joined boxes, at most
+_LHS_RE = re.compile(r"^\s*([A-Za-z](?:_\{?\w{1,3}\}?)?)\s*=(?!=)\s*(.*)$", re.DOTALL)
+
+
+def all_boxes(text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, content)`` of every balanced, non-empty box, in text order."""
+    out = []
+    for m in _BOX_RE.finditer(text):
+        inner = _balanced_from(text, m.end() - 1)
+        if inner is not None and inner.strip():
+            out.append((m.start(), m.end() + len(inner) + 1, inner.strip()))
+    return out
+
+
+def _same_value(a: str, b: str) -> bool:
+    """Two boxes state one value: equal up to spaces, or ``x = 5`` beside ``5`` (one side has no
+    left-hand side, or both have the same one)."""
+
+    def split(s):
+        m = _LHS_RE.match(s)
+        return (m.group(1), m.group(2)) if m else ("", s)
+
+    (la, ra), (lb, rb) = split(a), split(b)
+    if re.sub(r"\s+", "", ra) != re.sub(r"\s+", "", rb):
+        return False
+    return la == lb or not la or not lb
+
+
+def final_boxes(text: str) -> list[str]:
+    """The boxed answers of the completion's closing part, oldest first, each value once.
+
+    The last box and every box before it that is separated from the next one by connector text
+    only (commas, ``and``/``or``, ``\\quad``, ``$``, a left-hand side like ``y =``; at most
+    :data:`MAX_JOIN_GAP` characters, no sentence) belong to one final answer. A repeated value
+    counts once (``\\boxed{x=5} ... \\boxed{5}`` is one answer). A box further back is an
+    intermediate result and is ignored. The caller verifies the boxes *together*, so listing
+    alternatives (``\\boxed{3} or \\boxed{5}``) never matches a single gold value.
+    """
+    boxes = all_boxes(text)
+    if not boxes:
+        return []
+    first = len(boxes) - 1
+    while first > 0:
+        gap = text[boxes[first - 1][1] : boxes[first][0]]
+        if len(gap) > MAX_JOIN_GAP or "\n\n" in gap or not _CONNECTOR_RE.fullmatch(gap):
+            break
+        first -= 1
+    values: list[str] = []
+    for _, _, content in boxes[first:]:
+        if not any(_same_value(content, v) for v in values):
+            values.append(content)
+    return values
+
+
+def extract_answer(text: str, multi_box: bool = True) -> tuple[str | None, str]:
+    """``(answer, method)``; ``(None, "none")`` when nothing answer-like is found.
+
+    ``multi_box=False`` keeps only the last box (the rule before multi-answer extraction; used by
+    the audit to count what the rule changes)."""
+    if multi_box:
+        values = final_boxes(text)
+        if len(values) > 1:
+            return ", ".join(values), "boxed_multi"
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed, "boxed"

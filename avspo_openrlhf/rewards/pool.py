@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future
 from multiprocessing.connection import wait
 
-from .verify import MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, VerifyResult, verify_answer
+from .verify import MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, VERIFIERS, VerifyResult
 
 _PRELOAD = ["avspo_openrlhf.rewards.verify", "math_verify"]
 
@@ -37,8 +37,8 @@ def _worker_main(conn, max_completion_chars, max_answer_chars) -> None:
             return
         if task is None:
             return
-        completion, gold = task
-        conn.send(verify_answer(completion, gold, max_completion_chars, max_answer_chars))
+        completion, gold, verifier = task
+        conn.send(VERIFIERS[verifier](completion, gold, max_completion_chars, max_answer_chars))
 
 
 class _Worker:
@@ -94,19 +94,24 @@ class VerifierPool:
 
     # ── public API ──
 
-    def submit(self, completion: str, gold: str) -> Future:
+    def submit(self, completion: str, gold: str, verifier: str = "project") -> Future:
+        """Verify one completion; ``verifier`` is a key of :data:`~avspo_openrlhf.rewards.verify.VERIFIERS`
+        (``project``: the reward; ``last_box``: the last box only; ``math_verify``: its full-text opinion)."""
         if self._closed:
             raise RuntimeError("VerifierPool is closed")
+        if verifier not in VERIFIERS:
+            raise ValueError(f"unknown verifier {verifier!r}; choose from {sorted(VERIFIERS)}")
         fut: Future = Future()
-        self._tasks.put((fut, completion[-self._caps[0] :] if isinstance(completion, str) else completion, gold))
+        text = completion[-self._caps[0] :] if isinstance(completion, str) else completion
+        self._tasks.put((fut, (text, gold, verifier)))
         self._wake_w.send(b"x")
         return fut
 
-    def score(self, completions: list[str], golds: list[str]) -> list[VerifyResult]:
+    def score(self, completions: list[str], golds: list[str], verifier: str = "project") -> list[VerifyResult]:
         """Verify many completions in parallel across the workers; results in input order."""
         if len(completions) != len(golds):
             raise ValueError(f"{len(completions)} completions but {len(golds)} gold answers")
-        futures = [self.submit(c, g) for c, g in zip(completions, golds)]
+        futures = [self.submit(c, g, verifier) for c, g in zip(completions, golds)]
         return [f.result() for f in futures]
 
     def close(self) -> None:
@@ -153,14 +158,14 @@ class VerifierPool:
             for i in range(len(self._workers)):  # hand work to idle workers
                 if self._workers[i].job is not None or not backlog:
                     continue
-                fut, completion, gold = backlog.popleft()
+                fut, task = backlog.popleft()
                 if not fut.set_running_or_notify_cancel():
                     continue
                 try:
-                    self._workers[i].conn.send((completion, gold))
+                    self._workers[i].conn.send(task)
                 except OSError:  # it died while idle: a fresh worker takes the task
                     self._replace(i)
-                    self._workers[i].conn.send((completion, gold))
+                    self._workers[i].conn.send(task)
                 self._workers[i].job = (fut, time.monotonic() + self.timeout_s)
             busy = [w for w in self._workers if w.job is not None]
             if stopping:

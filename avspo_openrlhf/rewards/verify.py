@@ -54,8 +54,13 @@ def verify_answer(
     gold: str,
     max_completion_chars: int = MAX_COMPLETION_CHARS,
     max_answer_chars: int = MAX_ANSWER_CHARS,
+    multi_box: bool = True,
 ) -> VerifyResult:
-    """Score ``completion`` against ``gold`` (no timeout here; see the module docstring)."""
+    """Score ``completion`` against ``gold`` (no timeout here; see the module docstring).
+
+    Several boxes closing the completion are one answer verified as a whole
+    (:func:`~avspo_openrlhf.rewards.extract.final_boxes`); ``multi_box=False`` keeps the last box only.
+    """
     try:
         from math_verify import parse, verify
 
@@ -68,7 +73,7 @@ def verify_answer(
             return VerifyResult("error", detail="empty gold answer")
         if len(gold) > max_answer_chars:
             return VerifyResult("error", detail=f"gold answer longer than {max_answer_chars} chars")
-        pred, _ = extract_answer(completion[-max_completion_chars:])
+        pred, _ = extract_answer(completion[-max_completion_chars:], multi_box)
         if pred is None:
             return VerifyResult("no_answer")
         if len(pred) > max_answer_chars:
@@ -83,3 +88,38 @@ def verify_answer(
         return VerifyResult("correct" if ok else "wrong", pred)
     except Exception as e:  # noqa: BLE001 - every failure becomes an explicit status
         return VerifyResult("error", detail=f"{type(e).__name__}: {e}"[:500])
+
+
+def verify_full_text(
+    completion: str,
+    gold: str,
+    max_completion_chars: int = MAX_COMPLETION_CHARS,
+    max_answer_chars: int = MAX_ANSWER_CHARS,
+    multi_box: bool = True,  # unused: math-verify extracts by itself
+) -> VerifyResult:
+    """A second opinion: math-verify's own extraction on the whole completion (its default LaTeX +
+    expression configs), against the same gold. No timeout here either (run it in the pool)."""
+    try:
+        from math_verify import parse, verify
+
+        if not isinstance(completion, str) or not isinstance(gold, str) or not gold.strip():
+            return VerifyResult("error", detail="needs a str completion and a non-empty str gold")
+        gold_parsed = _parse_gold(gold)
+        if not gold_parsed:
+            return VerifyResult("error", detail=f"gold answer unparsable: {gold[:200]!r}")
+        pred_parsed = parse(completion[-max_completion_chars:], parsing_timeout=None)
+        if not pred_parsed:
+            return VerifyResult("no_answer")
+        ok = verify(gold_parsed, pred_parsed, timeout_seconds=None)
+        return VerifyResult("correct" if ok else "wrong", str(pred_parsed[-1])[:200])
+    except Exception as e:  # noqa: BLE001
+        return VerifyResult("error", detail=f"{type(e).__name__}: {e}"[:500])
+
+
+# What a pool worker can run on (completion, gold): the project's verdict, the project's verdict
+# with the last box only, and math-verify's full-text second opinion.
+VERIFIERS = {
+    "project": verify_answer,
+    "last_box": functools.partial(verify_answer, multi_box=False),
+    "math_verify": verify_full_text,
+}

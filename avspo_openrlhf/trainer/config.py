@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from types import SimpleNamespace
 
-from avspo_openrlhf.algo import STD_CONVENTIONS, VIRTUAL_STRATEGIES
+from avspo_openrlhf.algo import FIX_GROUPS, STD_CONVENTIONS, VIRTUAL_STRATEGIES
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES
 
 # (flag, kwargs) in the order --help shows them; the README's flag table is generated from this.
@@ -90,6 +90,25 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
         (
             "--avspo.alpha",
             dict(type=float, default=0.5, help="K rule exponent: K = max(1, min(G, ceil(G * ACR_gate**alpha)))."),
+        ),
+        (
+            "--avspo.num_virtual",
+            dict(
+                type=int,
+                default=None,
+                metavar="K",
+                help="Fixed number of virtual samples per augmented group instead of the K rule (the paper's fixed-K "
+                "ablation: 1, 4, 8). Default: the K rule.",
+            ),
+        ),
+        (
+            "--avspo.fix_groups",
+            dict(
+                choices=list(FIX_GROUPS),
+                default="both",
+                help="Which collapsed groups get virtual samples: both (AVSPO), all_wrong only or all_right only (the "
+                "paper's mechanism isolation); the others keep GRPO's zero advantages.",
+            ),
         ),
         (
             "--avspo.r_anchor",
@@ -252,6 +271,28 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
 
 STOP_ALARMS = ("acr_stall", "acr_volatility", "entropy_collapse", "kl_drift")
 
+# --reward.remote_url avspo:NAME -> the installed reward file's absolute path (configs and launch
+# scripts do not depend on the working directory or on where the package is installed)
+REWARD_ALIASES = {"math": "avspo_openrlhf.rewards.openrlhf_reward", "arith": "avspo_openrlhf.rewards.arith_reward"}
+
+
+def resolve_reward_alias(args) -> None:
+    import importlib.util
+
+    urls = getattr(getattr(args, "reward", None), "remote_url", None)
+    if not isinstance(urls, str) or "avspo:" not in urls:
+        return
+    out = []
+    for u in urls.split(","):
+        if u.startswith("avspo:"):
+            name = u.split(":", 1)[1]
+            if name not in REWARD_ALIASES:
+                raise ValueError(f"--reward.remote_url {u}: unknown alias; choose from " +
+                                 ", ".join(f"avspo:{k}" for k in REWARD_ALIASES))  # fmt: skip
+            u = importlib.util.find_spec(REWARD_ALIASES[name]).origin
+        out.append(u)
+    args.reward.remote_url = ",".join(out)
+
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add our flag groups (``--acr.*``, ``--avspo.*``, ``--monitor.*``, ``--run.*``, ``--dynamic.*``, ``--report.*``,
@@ -315,6 +356,11 @@ def validate(args) -> None:
             raise ValueError(f"--avspo.tau_init {args.avspo.tau_init} must lie within --avspo.tau_bounds {tlo} {thi}")
         if args.avspo.alpha <= 0 or args.avspo.eps < 0 or args.avspo.eta < 0:
             raise ValueError("--avspo.alpha must be > 0, --avspo.eps and --avspo.eta >= 0")
+        k = args.avspo.num_virtual
+        if k is not None and not 1 <= k:
+            raise ValueError(f"--avspo.num_virtual must be >= 1, got {k}")
+        if k is not None and args.avspo.strategy == "opposite":
+            raise ValueError("--avspo.num_virtual cannot be combined with --avspo.strategy opposite (which uses K = 1)")
     if args.dynamic.std_filter:
         if args.algo.dynamic_filtering_enable:
             raise ValueError("use either --dynamic.std_filter or --algo.dynamic_filtering_enable, not both")
@@ -369,6 +415,8 @@ def build_controller(args):
         gamma=a.avspo.gamma,
         std=a.avspo.std,
         eps=a.avspo.eps,
+        fixed_k=a.avspo.num_virtual,
+        fix_groups=a.avspo.fix_groups,
         tau_init=a.avspo.tau_init,
         eta=a.avspo.eta,
         tau_bounds=tuple(a.avspo.tau_bounds),

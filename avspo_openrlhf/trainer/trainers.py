@@ -20,7 +20,8 @@ from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
 from openrlhf.utils.logging_utils import init_logger
 
-from avspo_openrlhf.cli.interrupt import stop_file
+from avspo_openrlhf.cli.interrupt import stop_file, stopped_marker
+from avspo_openrlhf.redaction import check_wandb_key_in_env
 
 from .config import ensure
 from .experience_maker import AVSPOExperienceMaker
@@ -225,6 +226,8 @@ class AVSPOTrainerMixin:
         if os.path.exists(stop_file(self.args)):  # Ctrl-C in avspo-train: checkpoint, then stop
             self._save_now(global_step, client_states)
             os.remove(stop_file(self.args))
+            with open(stopped_marker(self.args), "w") as f:  # tells avspo-train to exit 130 (resume me)
+                f.write(f"{global_step}\n")
             self.stop_reason = f"interrupted at step {global_step}"
             logger.warning(f"[avspo] {self.stop_reason}: checkpoint saved in {self.args.ckpt.path}")
             self._request_stop()
@@ -264,6 +267,7 @@ class AVSPOTrainerMixin:
 class _PPOTrainer(AVSPOTrainerMixin, PPOTrainer.__ray_actor_class__):
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, **generate_kwargs):  # fmt: skip
+        check_wandb_key_in_env(strategy.args)  # before OpenRLHF's WandbLogger logs in
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)  # fmt: skip
         seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
@@ -350,8 +354,9 @@ class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
 
 
 class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, pretrain, strategy, *args, **kwargs):
+        check_wandb_key_in_env(strategy.args)  # before OpenRLHF's WandbLogger logs in
+        super().__init__(pretrain, strategy, *args, **kwargs)
         self._avspo_setup()
         self.rollout_queue = _TimedQueue(self.rollout_queue, self)
 

@@ -1,0 +1,95 @@
+# shellcheck shell=bash
+# Shared helpers of the launch scripts (sourced, not run). Every function is plain bash + coreutils.
+
+avspo_log() { printf '[avspo-launch %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+avspo_die() { printf 'avspo-launch: error: %s\n' "$*" >&2; exit 2; }
+
+# A config name (qwen2.5-math-1.5b_avspo) or path -> the file's path.
+avspo_config_path() {
+  local repo=$1 name=$2
+  if [ -f "$name" ]; then printf '%s\n' "$name"; return; fi
+  if [ -f "$repo/launch_scripts/configs/$name.args" ]; then printf '%s\n' "$repo/launch_scripts/configs/$name.args"; return; fi
+  local known=() f
+  for f in "$repo"/launch_scripts/configs/*.args; do known+=("$(basename "$f" .args)"); done
+  avspo_die "no config '$name' (a file, or one of launch_scripts/configs/: ${known[*]})"
+}
+
+# The value of a `# resources:` key in a config (nodes, gpus_per_node, time), or $3 when absent.
+avspo_config_resource() {
+  local file=$1 key=$2 default=$3 v
+  v=$(sed -n "s/^# resources:.*\b$key=\([^ ]*\).*/\1/p" "$file" | head -n1)
+  printf '%s\n' "${v:-$default}"
+}
+
+# The value of a flag set in a config (last one wins), or $3.
+avspo_config_flag() {
+  local file=$1 flag=$2 default=$3 v
+  v=$(sed -e 's/#.*//' "$file" | tr -s ' \t' '\n' | awk -v f="$flag" 'prev == f { v = $0 } { prev = $0 } END { print v }')
+  printf '%s\n' "${v:-$default}"
+}
+
+# Refuse a secret on a command line: it would show in `ps`, in shell history and in SLURM's job
+# records. The wandb key comes from WANDB_API_KEY in the environment.
+avspo_refuse_secret_flags() {
+  local a
+  for a in "$@"; do
+    case "$a" in
+      --logger.wandb.key | --logger.wandb.key=* | --*api_key* | --*_token | --*_token=* | --*secret* | --*password*)
+        avspo_die "'${a%%=*}' on a command line is visible to every user of the cluster (ps, sacct); export WANDB_API_KEY (or the token's environment variable) instead" ;;
+    esac
+  done
+}
+
+# GPUs per node from SLURM's variables: SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE ("8" or
+# "h100:8"), else the count in SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES, else 0.
+avspo_gpus_per_node() {
+  if [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then printf '%s\n' "$SLURM_GPUS_ON_NODE"; return; fi
+  if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then printf '%s\n' "${SLURM_GPUS_PER_NODE##*:}"; return; fi
+  local list=${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
+  if [ -n "$list" ]; then awk -F, '{ print NF }' <<<"$list"; return; fi
+  printf '0\n'
+}
+
+# CPUs per node for `ray start --num-cpus`.
+avspo_cpus_per_node() {
+  printf '%s\n' "${SLURM_CPUS_ON_NODE:-${SLURM_CPUS_PER_TASK:-$(nproc)}}"
+}
+
+# This node's IP for Ray: RAY_NODE_IP if set, else the IPv4 address of AVSPO_IFACE (e.g. ib0)
+# when the node has several interfaces, else the first IPv4 address of the host name.
+avspo_node_ip() {
+  if [ -n "${RAY_NODE_IP:-}" ]; then printf '%s\n' "$RAY_NODE_IP"; return; fi
+  if [ -n "${AVSPO_IFACE:-}" ]; then
+    local ip
+    ip=$(ip -o -4 addr show dev "$AVSPO_IFACE" 2>/dev/null | awk '{ split($4, a, "/"); print a[1]; exit }')
+    [ -n "$ip" ] || avspo_die "AVSPO_IFACE=$AVSPO_IFACE has no IPv4 address on $(hostname)"
+    printf '%s\n' "$ip"
+    return
+  fi
+  # IPv6 addresses and loopback are skipped (verl and NeMo-RL users hit both)
+  hostname --ip-address | tr ' ' '\n' | grep -E '^[0-9]+(\.[0-9]+){3}$' | grep -v '^127\.' | head -n1 \
+    || hostname --ip-address | awk '{ print $1 }'
+}
+
+# Ray's ports for one job: a block of 256 ports from the job id, so two jobs sharing a node never
+# collide (ray#10154). AVSPO_PORT_BASE overrides the block.
+avspo_port_base() {
+  local job=${1//[!0-9]/}
+  printf '%s\n' "${AVSPO_PORT_BASE:-$((10000 + (${job:-0} % 200) * 256))}"
+}
+
+# `ray start` flags that place every Ray port inside the job's block.
+avspo_ray_port_flags() {
+  local b=$1
+  printf '%s\n' "--node-manager-port=$((b + 3))" "--object-manager-port=$((b + 4))" \
+    "--metrics-export-port=$((b + 5))" "--dashboard-agent-listen-port=$((b + 6))" \
+    "--dashboard-agent-grpc-port=$((b + 7))" "--runtime-env-agent-port=$((b + 8))" \
+    "--min-worker-port=$((b + 16))" "--max-worker-port=$((b + 255))"
+}
+
+# Environment a Ray cluster job needs everywhere; only the interesting variables are printed, and
+# secrets never (their names are printed, their values redacted).
+avspo_print_env() {
+  env | grep -E '^(NCCL|GLOO|RAY|CUDA|NVIDIA|VLLM|HF|TRANSFORMERS|WANDB|TORCH|OMP|AVSPO|DS)_' | sort \
+    | sed -E 's/^([^=]*(KEY|TOKEN|SECRET|PASSWORD|PASSWD)[^=]*)=.*/\1=<redacted>/'
+}

