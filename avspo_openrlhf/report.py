@@ -120,6 +120,9 @@ PANELS = [
 ]  # fmt: skip
 
 
+SMOOTHED = {"rollout/reward_mean"}
+
+
 def plot_run(metrics_path: str, out_dir: str) -> list[str]:
     """PNG plots of a run's metrics.jsonl (panels with no data are skipped); returns the files."""
     import matplotlib
@@ -151,7 +154,13 @@ def plot_run(metrics_path: str, out_dir: str) -> list[str]:
         for key, label in series:
             pts = [(r["step"], r[key]) for r in src if key in r]
             style = "--" if key.startswith("acr_effective_by_level/") else "-"
-            ax.plot(*zip(*pts), style, marker="." if len(pts) < 60 else None, label=label)
+            line = ax.plot(*zip(*pts), style, marker="." if len(pts) < 60 else None, label=label,
+                           alpha=0.45 if key in SMOOTHED else 1.0)  # fmt: skip
+            if key in SMOOTHED and len(pts) >= 3:  # noisy per-step values: a trailing mean beside the raw curve
+                w = max(3, len(pts) // 5)
+                ys = [p[1] for p in pts]
+                sm = [sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
+                ax.plot([p[0] for p in pts], sm, color=line[0].get_color(), lw=2.2, label=f"{label}, mean of last {w}")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -1,4 +1,4 @@
-"""Time AVSPO against GRPO on the same rewards (ALGORITHM.md §2.4).
+"""Time AVSPO against GRPO on the same rewards (docs/algorithm.md#advantages).
 
 Stratified strategy, gate open, 40% collapsed groups (half all-right, half all-wrong), G = 8.
 Both estimators go through `group_advantages`, so both include the NaN check and the ACR stats

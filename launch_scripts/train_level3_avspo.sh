@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# AVSPO on Qwen2.5-Math-1.5B, Level3-500, the paper's settings (ALGORITHM.md §2.6): G=8, T=1.0,
+# AVSPO on Qwen2.5-Math-1.5B, Level3-500, the paper's settings (docs/algorithm.md#one-step): G=8, T=1.0,
 # lr 1e-6, eps_clip 0.2, no KL, one prompt group per step, 500 steps, 1024 new tokens.
 # One node, 8 GPUs, everything colocated. Run inside a Ray cluster (`ray start --head`) or alone.
 # For wandb, export WANDB_API_KEY and add --report.wandb --logger.wandb.project avspo (never put the key on a

@@ -1,4 +1,4 @@
-"""The pure ACR/AVSPO math (avspo_openrlhf.algo): closed forms of ALGORITHM.md §2.4, invariants,
+"""The pure ACR/AVSPO math (avspo_openrlhf.algo): closed forms of docs/algorithm.md#advantages, invariants,
 edge cases and state round trips. CPU only, torch only."""
 
 import json
@@ -129,7 +129,7 @@ def test_other_strategy_values():
     assert torch.equal(a, b) and a.min() >= 0 and a.max() <= 1 and a.shape == (2, 6)
 
 
-# ── Closed forms (ALGORITHM.md §2.4) ─────────────────────────────────────────────────────────
+# ── Closed forms (docs/algorithm.md#advantages) ─────────────────────────────────────────────────────────
 
 
 @pytest.mark.parametrize("g", [2, 4, 8, 16])
@@ -432,3 +432,25 @@ def test_fix_groups_augments_only_the_chosen_collapsed_groups(strategy):
         assert info["acr_effective"] == pytest.approx(int(other.sum()) / r.shape[0])
     with pytest.raises(ValueError, match="fix_groups"):
         group_advantages(r, "avspo", fix_groups="neither")
+
+
+def test_registries_refuse_a_duplicate_name():
+    from avspo_openrlhf.algo import register_estimator, register_virtual_strategy
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_estimator("grpo")
+    with pytest.raises(ValueError, match="already registered"):
+        register_virtual_strategy("stratified")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("strategy", sorted(VIRTUAL_STRATEGIES))
+def test_every_strategy_matches_cpu_on_cuda(strategy):
+    """CUDA rewards with the controller's CPU generator (random_uniform used to raise "Expected a
+    'cuda' device type for generator"); the same seed gives the CPU values."""
+    r = random_batch(300, 8, seed=4)
+    cpu, _ = group_advantages(r, "avspo", acr_gate=0.6, strategy=strategy, generator=torch.Generator().manual_seed(2))
+    gpu, _ = group_advantages(r.cuda(), "avspo", acr_gate=0.6, strategy=strategy,
+                              generator=torch.Generator().manual_seed(2))  # fmt: skip
+    assert gpu.device.type == "cuda" and torch.allclose(gpu.cpu(), cpu, atol=2e-6)

@@ -5,6 +5,7 @@ weight sync), sync and async, kill and resume, a hanging reward inside the run."
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -183,8 +184,18 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
            "--", "--run.max_steps", "3"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=root)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    assert "held-out accuracy (pass@1, n=4, T=0.7) | before | after" in r.stdout
+    assert (
+        "held-out accuracy (pass@1, 12 problems x n=2, T=0.7) | before | after | gain, points [95 % bootstrap interval]"
+        in r.stdout
+    )
     assert "| steps | 3 |" in r.stdout  # --run.max_steps stopped the 4-step pass after 3
+    steps = re.findall(r"\[quickstart\] step (\d)/4 \(\d+ %\)  (first step after|\d+ s/step  ETA \d+:\d\d)", r.stdout)
+    assert steps and steps[-1][0] == "3" and steps[0][1] == "first step after", r.stdout[-3000:]
+    assert "Episode [" not in r.stdout  # OpenRLHF's prompt-count bar stays in the log
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for name in ("all", "add1", "mul1", "add2"):
+        gain, lo, hi = summary["gain_ci95"][name]
+        assert lo <= gain <= hi
     rows, evals = read_metrics(str(tmp_path / "report" / "metrics.jsonl"))
     assert [x["step"] for x in rows] == [1, 2, 3]
     assert evals and {"add1/pass1", "mul1/pass1", "add2/pass1"} <= set(evals[0])  # eval/<level>/pass1
@@ -193,3 +204,26 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
     assert list((tmp_path / "report" / "wandb").glob("offline-run-*"))
     r2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=root)
     assert r2.returncode == 0 and "training already finished" in r2.stdout
+
+
+def test_bootstrap_gain_and_heldout_curve():
+    from avspo_openrlhf.cpu.quickstart import bootstrap_gain, heldout_curve
+
+    def recs(correct_by_level):
+        return [{"unique_id": f"{lv}/{i}", "level": lv, "correct": c}
+                for lv, rows in correct_by_level.items() for i, c in enumerate(rows)]  # fmt: skip
+
+    before = recs({"add1": [[False] * 4] * 20, "mul1": [[True, False, False, False]] * 20})
+    after = recs({"add1": [[True] * 4] * 20, "mul1": [[True, False, False, False]] * 20})
+    g = bootstrap_gain(before, after)
+    assert g["add1"] == (1.0, 1.0, 1.0) and g["mul1"] == (0.0, 0.0, 0.0)  # every problem +1 / none changed
+    assert g["all"][0] == pytest.approx(0.5) and 0 < g["all"][1] < 0.5 < g["all"][2] < 1
+    noisy = recs({"add1": [[True] * 4, [False] * 4] * 10})
+    flipped = recs({"add1": [[False] * 4, [True] * 4] * 10})
+    g2 = bootstrap_gain(noisy, flipped)["add1"]
+    assert g2[0] == 0 and g2[1] < 0 < g2[2]  # no net gain: the interval straddles 0
+    s0 = {"pass@1": 0.2, "pass@1_by_level": {"add1": 0.1, "mul1": 0.3, "add2": 0.2}}
+    s1 = {"pass@1": 0.5, "pass@1_by_level": {"add1": 0.6, "mul1": 0.5, "add2": 0.4}}
+    evals = [{"step": 5, "add1/pass1": 0.4, "mul1/pass1": 0.4, "add2/pass1": 0.1}]
+    curve = heldout_curve(s0, s1, evals, 10)
+    assert curve["all"] == [(0, 0.2), (5, pytest.approx(0.3)), (10, 0.5)] and curve["add1"][1] == (5, 0.4)

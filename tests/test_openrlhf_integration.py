@@ -146,7 +146,7 @@ def test_maker_gives_algorithm_md_numbers_with_the_gate_open_and_keeps_kl():
             kl_sum[idx] = float(e.kl[k].sum())
     adv = sample_advantage(e1) + kl_coef * torch.tensor([kl_sum[i] for i in sorted(kl_sum)])
     adv = adv.reshape(4, 8)
-    assert torch.allclose(adv[0], torch.full((8,), 0.728), atol=5e-4)  # ALGORITHM.md table, K=6
+    assert torch.allclose(adv[0], torch.full((8,), 0.728), atol=5e-4)  # docs/algorithm.md#advantages, K=6
     assert torch.allclose(adv[1], torch.full((8,), -0.728), atol=5e-4)
     expected, _ = group_advantages(REWARDS[2:], "grpo")  # mixed groups: plain GRPO (population, 1e-6)
     assert torch.allclose(adv[2:], expected, atol=1e-5)

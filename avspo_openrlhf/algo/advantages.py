@@ -1,4 +1,4 @@
-"""Group-relative advantages: GRPO, Dr. GRPO and AVSPO (ALGORITHM.md §2.4).
+"""Group-relative advantages: GRPO, Dr. GRPO and AVSPO (docs/algorithm.md#advantages).
 
     A_i = (r_i - mean(R'_j)) / (std(R'_j) + eps)     for the G real samples of group j
 
@@ -27,6 +27,8 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor, 
 
 def register_estimator(name: str):
     """Register ``fn(stats, *, std, eps, **options) -> (scale [N], offset [N], info)``."""
+    if name in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage estimator {name!r} is already registered")
 
     def wrap(fn):
         ADVANTAGE_ESTIMATORS[name] = fn
@@ -194,7 +196,7 @@ def group_advantages(
         std: ``population`` (divide by G; the paper's) or ``unbiased`` (G - 1; OpenRLHF's
             ``group_norm``). For AVSPO it applies to the augmented group of G + K rewards.
         eps: added to the std in the denominator.
-        tol: collapse tolerance on the population std (ALGORITHM.md tau = 1e-6). Collapsed groups
+        tol: collapse tolerance on the population std (docs/algorithm.md#acr: 1e-6). Collapsed groups
             get exactly zero advantages unless AVSPO augments them.
         reward_range: ``(lo, hi)`` of the reward; decides all-right vs all-wrong groups.
         acr_gate: AVSPO gate input, the smoothed ACR (see ``ACRTracker.acr_gate``); ``None``
@@ -203,7 +205,8 @@ def group_advantages(
         alpha: exponent of the K rule ``K = max(1, min(G, ceil(G * acr_gate ** alpha)))``.
         strategy: virtual reward values, see :data:`~avspo_openrlhf.algo.virtual.VIRTUAL_STRATEGIES`.
         r_anchor, gamma: strategy parameters (stratified / exp_decay).
-        generator: seeds ``random_uniform``.
+        generator: seeds ``random_uniform``; a CPU ``torch.Generator`` works for rewards on any
+            device (values are drawn on the generator's device, then moved).
         fixed_k: AVSPO: this many virtual samples per augmented group instead of the K rule
             (the paper's fixed-K ablation); ``None``: the K rule.
         fix_groups: AVSPO: which collapsed groups get virtual samples: ``both`` (default),

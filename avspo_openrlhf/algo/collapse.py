@@ -1,6 +1,6 @@
 """Advantage Collapse Rate (ACR): which prompt groups give GRPO no learning signal.
 
-ALGORITHM.md §1: sigma_j = population std of group j's rewards, ACR = mean_j [sigma_j < tol].
+docs/algorithm.md#acr: sigma_j = population std of group j's rewards, ACR = mean_j [sigma_j < tol].
 Collapsed groups are split by their common reward r_obs relative to the reward range [lo, hi]:
 ``all_right`` (r_obs == hi), ``all_wrong`` (r_obs == lo) and ``other`` (any other constant, only
 possible with non-binary rewards); comparisons use the same ``tol``.
@@ -139,7 +139,7 @@ def collapse_stats(
     Args:
         rewards: ``[N, G]`` rewards, one row per prompt group (NaN/Inf raise ValueError).
             N = 0 gives all rates 0.0.
-        tol: a group is collapsed when its population std is below ``tol`` (ALGORITHM.md tau).
+        tol: a group is collapsed when its population std is below ``tol`` (docs/algorithm.md#acr).
         reward_range: ``(lo, hi)``; a collapsed group at ``hi`` is all-right, at ``lo`` all-wrong.
     """
     rewards = _check_shape(rewards, "rewards")
@@ -147,7 +147,7 @@ def collapse_stats(
 
 
 def dynamic_sampling_keep_mask(correctness: torch.Tensor, tol: float = DEFAULT_TOL) -> torch.Tensor:
-    """DAPO dynamic sampling on correctness std (ALGORITHM.md §3): keep groups with sigma_j >= tol.
+    """DAPO dynamic sampling on correctness std (docs/algorithm.md#dapo): keep groups with sigma_j >= tol.
 
     OpenRLHF's own filter keeps a group when ``lo < mean(scores) < hi``, which lets constant
     non-binary groups through; this mask keeps exactly the non-collapsed groups.

@@ -1,4 +1,4 @@
-"""One object that runs ALGORITHM.md §2.6 step by step for a trainer: ACR stats on both reward
+"""One object that runs docs/algorithm.md#one-step step by step for a trainer: ACR stats on both reward
 views, the gate, AVSPO advantages, the adaptive threshold, the monitors, and their state.
 
 Pure (torch only). A trainer calls :meth:`AVSPOController.step` once per rollout batch with the

@@ -1,5 +1,5 @@
 """Training-health monitors: ACR tracking and early warnings, entropy collapse, KL drift
-(ALGORITHM.md §1 and §4). Small state objects with exact ``state_dict`` round trips; they only
+(docs/algorithm.md#acr, #monitors). Small state objects with exact ``state_dict`` round trips; they only
 observe, so monitoring on or off never changes a trajectory.
 """
 

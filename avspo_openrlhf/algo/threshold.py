@@ -1,4 +1,4 @@
-"""AVSPO adaptive threshold tau_adapt (ALGORITHM.md §2.5).
+"""AVSPO adaptive threshold tau_adapt (docs/algorithm.md#threshold).
 
     tau_adapt(t+1) = clip(tau_adapt(t) + eta * sign(dJ_t) * (ACR_t - tau_adapt(t)), lo, hi)
 

@@ -1,4 +1,4 @@
-"""AVSPO virtual reward samples (ALGORITHM.md §2.2-2.3).
+"""AVSPO virtual reward samples (docs/algorithm.md#k-rule, #strategies).
 
 Virtual samples are scalar rewards added to a collapsed group's normalization statistics only:
 no text, no log-probs, no loss term, no rollouts.
@@ -44,6 +44,9 @@ VIRTUAL_STRATEGIES: dict[str, _Strategy] = {}
 def register_virtual_strategy(name: str, deterministic: bool = True, fixed_k: int | None = None):
     """Register ``fn(r_obs [N], is_right [N] bool, K, *, lo, hi, r_anchor, gamma, generator)``."""
 
+    if name in VIRTUAL_STRATEGIES:
+        raise ValueError(f"virtual strategy {name!r} is already registered")
+
     def wrap(fn):
         VIRTUAL_STRATEGIES[name] = _Strategy(fn, deterministic, fixed_k)
         return fn
@@ -87,8 +90,11 @@ def _opposite(r_obs, is_right, k, *, lo, hi, **_):
 
 @register_virtual_strategy("random_uniform", deterministic=False)
 def _random_uniform(r_obs, is_right, k, *, lo, hi, generator=None, **_):
-    # v_k ~ U[lo, hi]; pass a seeded torch.Generator for reproducible runs
-    u = torch.rand(r_obs.shape[0], k, generator=generator, dtype=r_obs.dtype, device=r_obs.device)
+    # v_k ~ U[lo, hi]; pass a seeded torch.Generator for reproducible runs. Drawn on the generator's
+    # device and moved: a CPU generator (the controller's, checkpointed) serves CUDA rewards too,
+    # and the same seed gives the same values on every device.
+    dev = generator.device if generator is not None else r_obs.device
+    u = torch.rand(r_obs.shape[0], k, generator=generator, dtype=r_obs.dtype, device=dev).to(r_obs.device)
     scale = torch.full_like(r_obs, hi - lo)
     return VirtualSpec(scale, u - ((r_obs - lo) / (hi - lo))[:, None])
 
@@ -101,7 +107,7 @@ def get_strategy(name: str) -> _Strategy:
 
 
 def num_virtual(group_size: int, acr_gate: float, alpha: float = 0.5, strategy: str = "stratified") -> int:
-    """K = max(1, min(G, ceil(G * acr_gate ** alpha))) (ALGORITHM.md §2.2); ``opposite`` uses K = 1.
+    """K = max(1, min(G, ceil(G * acr_gate ** alpha))) (docs/algorithm.md#k-rule); ``opposite`` uses K = 1.
 
     A 1e-9 slack keeps float noise from bumping an exact integer (8 * 0.25**0.5 = 4) up by one.
     """

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, take_stopped_marker
+from avspo_openrlhf.cli.preflight import PreflightError, preflight
 from avspo_openrlhf.redaction import move_wandb_key_to_env, redact
 from avspo_openrlhf.trainer import config
 
@@ -122,6 +123,12 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
 
             validate_cpu_args(out)
         parsed["args"], parsed["dry"] = out, dry or dry_run
+        if not parsed["dry"]:  # before OpenRLHF's train() starts Ray, vLLM and DeepSpeed
+            try:
+                preflight(out)
+            except PreflightError as e:
+                print(f"avspo-train: error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
         if not parsed["dry"] and threading.current_thread() is threading.main_thread():
             install_interrupt_handler(out)
         return out

@@ -3,7 +3,7 @@
 Examples::
 
     avspo-prepare-data prepare math500 --output data/math500.jsonl                 # from the hub
-    avspo-prepare-data prepare math500 --input ../shared/data/math500.jsonl --output data/math500.jsonl
+    avspo-prepare-data prepare math500 --input raw/math500.jsonl --output data/math500.jsonl
     avspo-prepare-data arithmetic --n 512 --seed 0 --output data/arith_train.jsonl
     avspo-prepare-data level3-proxy --input math_train.jsonl --output data/level3_proxy.jsonl
     avspo-prepare-data level3-select --model Qwen/Qwen2.5-Math-1.5B --input math_train.jsonl \\

@@ -2,7 +2,7 @@
 
 avspo-eval --model Qwen/Qwen2.5-Math-1.5B                     # every benchmark found in data/
 avspo-eval --run-dir runs/level3_avspo --benchmarks math500   # every checkpoint of a run + PNG
-avspo-eval --oracle --data math500=../shared/data/math500.jsonl  # reference solutions: 100 %
+avspo-eval --oracle --data math500=raw/math500.jsonl  # reference solutions: 100 %
 avspo-eval --completions outs.jsonl --benchmarks gsm8k        # score existing outputs
 """
 

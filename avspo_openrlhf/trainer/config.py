@@ -21,7 +21,7 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
             dict(
                 type=float,
                 default=1e-6,
-                help="A group is collapsed when the population std of its rewards is below this (ALGORITHM.md tau).",
+                help="A group is collapsed when the population std of its rewards is below this (docs/algorithm.md#acr).",
             ),
         ),
         (
@@ -84,7 +84,7 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
             dict(
                 choices=sorted(VIRTUAL_STRATEGIES),
                 default="stratified",
-                help="Virtual reward values (ALGORITHM.md 2.3); 'opposite' reproduces the authors' released code.",
+                help="Virtual reward values (docs/algorithm.md#strategies); 'opposite' reproduces the authors' released code.",
             ),
         ),
         (

@@ -19,6 +19,10 @@ from pathlib import Path
 from avspo_openrlhf.cpu import quickstart as qs
 from avspo_openrlhf.report import read_metrics
 
+# the settings the study was measured with (the quickstart's defaults when it ran; pinned here so a
+# retuned quickstart does not silently change the study)
+STUDY_SETTINGS = ["--prompts-per-step", "4", "--lr", "3e-6", "--eval-n", "4"]
+
 METHODS = {
     "GRPO": ["--grpo"],
     "AVSPO": [],
@@ -43,6 +47,7 @@ def run_one(method: str, seed: int, args, out: Path, model: str, train: str, hel
             str(seed),
             "--eval-steps",
             "0",
+            *STUDY_SETTINGS,
             "--save-steps",
             str(args.steps),
             *extra,
@@ -149,7 +154,7 @@ def main(argv=None) -> int:
     # the same prompts for every method and seed (the seed changes sampling and the data order); a 3x
     # pool so dynamic sampling can refill dropped groups, every run stops at --steps (--run.max_steps)
     train, heldout = qs._data(out / "data", 3 * args.steps, 4, 60, 0)
-    base = qs.build_parser().parse_args(["--max-new-tokens", str(args.max_new_tokens)])
+    base = qs.build_parser().parse_args(["--max-new-tokens", str(args.max_new_tokens), *STUDY_SETTINGS])
     before = qs._eval(model, heldout, out / "eval_before", base, out / "log.txt")["pass@1"]
     results = []
     for seed in args.seeds:
