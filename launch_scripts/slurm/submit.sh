@@ -57,7 +57,6 @@ if [ "$CHECK" = 1 ] && command -v avspo-train >/dev/null; then
     || avspo_die "$CONFIG does not parse with these flags (see above); nothing was submitted"
 fi
 
-mkdir -p "$REPO/logs"
 CMD=(sbatch --job-name="$JOB_NAME" --nodes="$NODES" --gres="gpu:$GPUS" --time="$TIME" "${SBATCH_OPTS[@]}"
   --output="$REPO/logs/%x-%j.out" --chdir="$REPO" --export="ALL,AVSPO_REPO=$REPO,AVSPO_OUT=$OUT"
   "$REPO/launch_scripts/slurm/avspo.sbatch" "$CONFIG" "${EXTRA[@]}")
@@ -67,6 +66,7 @@ if [ "$DRY" = 1 ]; then
     bash "$REPO/launch_scripts/slurm/avspo.sbatch" --dry-run "$CONFIG" "${EXTRA[@]}"
   exit 0
 fi
+mkdir -p "$REPO/logs"  # SLURM does not create the --output folder
 "${CMD[@]}"
 echo "watch:  squeue --me; tail -f $REPO/logs/$JOB_NAME-<jobid>/train.log"
 echo "stop and requeue later: scancel --signal=USR1 --batch <jobid>   cancel: scancel <jobid>"
