@@ -45,21 +45,6 @@ def redact(obj: Any, _name: str = "") -> Any:
     return obj
 
 
-def redact_argv(argv: list[str]) -> list[str]:
-    """A command line with the values of secret flags (``--x.key V`` and ``--x.key=V``) redacted."""
-    out, hide = [], False
-    for a in argv:
-        if hide:
-            out.append(REDACTED)
-            hide = False
-        elif a.startswith("--") and "=" in a and is_secret(a.split("=", 1)[0]):
-            out.append(a.split("=", 1)[0] + "=" + REDACTED)
-        else:
-            out.append(a)
-            hide = a.startswith("--") and is_secret(a)
-    return out
-
-
 def move_wandb_key_to_env(args) -> None:
     """``--logger.wandb.key K``: K goes to ``WANDB_API_KEY`` of this process (inherited by a Ray
     cluster this process starts) and the args keep :data:`REDACTED`, which still switches

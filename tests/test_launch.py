@@ -255,7 +255,7 @@ def test_config_file_words_and_later_flags_win(tmp_path, monkeypatch):
 
 def test_secrets_are_redacted_in_dumps_wandb_config_and_argv(tmp_path, monkeypatch, capsys):
     from avspo_openrlhf.cli.train import main
-    from avspo_openrlhf.redaction import REDACTED, is_secret, redact, redact_argv
+    from avspo_openrlhf.redaction import REDACTED, is_secret, redact
     from avspo_openrlhf.report import _wandb_config
 
     monkeypatch.setenv("WANDB_API_KEY", "")  # recorded, so the key set below is undone after the test
@@ -281,6 +281,4 @@ def test_secrets_are_redacted_in_dumps_wandb_config_and_argv(tmp_path, monkeypat
         "max_new_tokens": 5,
         "input_key": "prompt",
     }
-    assert redact_argv(["--logger.wandb.key", "k", "--hub_token=t", "--rollout.max_new_tokens", "5"]) == [
-        "--logger.wandb.key", REDACTED, f"--hub_token={REDACTED}", "--rollout.max_new_tokens", "5"]  # fmt: skip
     assert not is_secret("--data.label_key") and is_secret("WANDB_API_KEY") and is_secret("HF_TOKEN")

@@ -28,6 +28,17 @@ avspo_config_flag() {
   printf '%s\n' "${v:-$default}"
 }
 
+# The flags every launcher adds to a config, one per line: resources from the allocation (vLLM
+# engines = GPUs / the config's tensor parallel size) and the run folder, resumable.
+avspo_train_flags() {
+  local config=$1 nodes=$2 gpus=$3 out=$4 tp
+  tp=$(avspo_config_flag "$config" --vllm.tensor_parallel_size 1)
+  [ $((nodes * gpus % tp)) -eq 0 ] || avspo_die "$nodes node(s) x $gpus GPU(s) is not a multiple of the config's --vllm.tensor_parallel_size $tp"
+  printf '%s\n' "@$config" --actor.num_nodes "$nodes" --actor.num_gpus_per_node "$gpus" --ref.num_nodes "$nodes" \
+    --ref.num_gpus_per_node "$gpus" --vllm.num_engines $((nodes * gpus / tp)) --ckpt.path "$out/ckpt" --ckpt.load_enable \
+    --ckpt.output_dir "$out/final" --report.dir "$out/report" --logger.tensorboard_dir "$out/tensorboard"
+}
+
 # Refuse a secret on a command line: it would show in `ps`, in shell history and in SLURM's job
 # records. The wandb key comes from WANDB_API_KEY in the environment.
 avspo_refuse_secret_flags() {

@@ -30,13 +30,10 @@ if [ -z "$GPUS" ]; then
   GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
   [ "$GPUS" -gt 0 ] || avspo_die "no GPU found (nvidia-smi); pass --gpus N, or use the CPU quickstart (bash quickstart.sh)"
 fi
-TP=$(avspo_config_flag "$CONFIG" --vllm.tensor_parallel_size 1)
-[ $((GPUS % TP)) -eq 0 ] || avspo_die "--gpus $GPUS is not a multiple of the config's --vllm.tensor_parallel_size $TP"
 OUT=${OUT:-$REPO/runs/$NAME}
-CMD=(avspo-train "@$CONFIG" --actor.num_nodes 1 --actor.num_gpus_per_node "$GPUS" --ref.num_nodes 1
-  --ref.num_gpus_per_node "$GPUS" --vllm.num_engines $((GPUS / TP))
-  --ckpt.path "$OUT/ckpt" --ckpt.load_enable --ckpt.output_dir "$OUT/final"
-  --report.dir "$OUT/report" --logger.tensorboard_dir "$OUT/tensorboard" "${EXTRA[@]}")
+FLAGS=$(avspo_train_flags "$CONFIG" 1 "$GPUS" "$OUT") || exit 2
+mapfile -t CMD <<<"$FLAGS"
+CMD=(avspo-train "${CMD[@]}" "${EXTRA[@]}")
 if [ "$DRY" = 1 ]; then
   printf '+'; printf ' %q' "${CMD[@]}"; echo
   exec "${CMD[0]}" --dry-run "${CMD[@]:1}"

@@ -50,10 +50,9 @@ OUT=${OUT:-$REPO/runs/$NAME}
 
 if [ "$CHECK" = 1 ] && command -v avspo-train >/dev/null; then
   # the real parser and OpenRLHF's validation, with the flags the job will add: a typo fails here
-  TP=$(avspo_config_flag "$CONFIG" --vllm.tensor_parallel_size 1)
-  avspo-train --dry-run "@$CONFIG" --actor.num_nodes "$NODES" --actor.num_gpus_per_node "$GPUS" \
-    --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS" --vllm.num_engines $((NODES * GPUS / TP)) \
-    --ckpt.path "$OUT/ckpt" --ckpt.load_enable "${EXTRA[@]}" >/dev/null \
+  FLAGS=$(avspo_train_flags "$CONFIG" "$NODES" "$GPUS" "$OUT") || exit 2
+  mapfile -t CHECK <<<"$FLAGS"
+  avspo-train --dry-run "${CHECK[@]}" "${EXTRA[@]}" >/dev/null \
     || avspo_die "$CONFIG does not parse with these flags (see above); nothing was submitted"
 fi
 
