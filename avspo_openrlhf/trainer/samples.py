@@ -4,7 +4,8 @@ filter accounting, generator idle time, and prompts re-queued by the async stale
 Every sample leaves with batch metadata in ``info`` (popped by the trainer before training):
 ``policy_version`` (weights version that generated it), ``gen_cost`` (generated ÷ kept samples of
 its generation call, 1.0 without filtering), ``gen_idle_s`` (generator idle time before it) and
-``datasource`` (its prompt's dataset field, for per-level ACR).
+``datasource`` (its prompt's dataset field, for per-level ACR), ``gen_t0``/``gen_t1`` (wall-clock
+start and end of its generation call, float64: the async timeline).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from avspo_openrlhf.algo import dynamic_sampling_keep_mask
 
 from .config import ensure
 
-TAG_KEYS = ("policy_version", "gen_cost", "gen_idle_s")
+TAG_KEYS = ("policy_version", "gen_cost", "gen_idle_s", "gen_t0", "gen_t1")
 
 
 class _PromptSource:
@@ -80,8 +81,11 @@ class AVSPOSamplesGenerator(SamplesGenerator):
             pass_rate /= self.args.rollout.n_samples_per_prompt
         elif self.args.dynamic.std_filter and consumed:
             pass_rate = 100.0 * self._last_kept_groups / consumed
+        t1 = self._last_end
         for s in samples:
             s.info["gen_idle_s"] = torch.tensor([idle])
+            s.info["gen_t0"] = torch.tensor([t0], dtype=torch.float64)
+            s.info["gen_t1"] = torch.tensor([t1], dtype=torch.float64)
         return samples, pass_rate, consumed, exhausted
 
     def generate_eval_samples(self, **generate_kwargs):

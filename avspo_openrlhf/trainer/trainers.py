@@ -67,7 +67,7 @@ def pop_tags(rollout_samples) -> dict:
         for k in TAG_KEYS:
             v = s.info.pop(k, None)
             if v is not None:
-                tags[k].append(v.float().reshape(-1))
+                tags[k].append(v.double().reshape(-1))  # float32 would round wall-clock times to ~2 min
         ds = s.info.pop("datasource", None)
         if ds is not None:
             sources.extend(ds)
@@ -107,6 +107,7 @@ class AVSPOTrainerMixin:
         # cumulative async/dynamic-sampling counters, checkpointed with the controller
         self.counters = dict(trained_batches=0, dropped_stale_batches=0, requeued_prompts=0, generated=0.0, trained=0)
         self._idle_s = 0.0
+        self._lock_wait_s = 0.0  # this step's wait for the engine lock before its weight sync (async)
         self.stop_reason = ""  # set when --monitor.stop_on_alarm fires
         self._setup_reports()
 
@@ -129,6 +130,8 @@ class AVSPOTrainerMixin:
     def train_step(self, rollout_samples, global_step: int):
         if self.stop_reason:  # batches already in flight when an alarm stopped the run
             return {SKIPPED: True}, global_step
+        t_start = time.time()
+        self._lock_wait_s = 0.0
         tags = pop_tags(rollout_samples)
         n = self.args.rollout.n_samples_per_prompt
         self.experience_maker.group_datasources = tags["datasource"][::n] if "datasource" in tags else None
@@ -155,6 +158,11 @@ class AVSPOTrainerMixin:
                 extra["async/generator_idle_s"] = float(tags["gen_idle_s"].max())
             extra["async/trainer_idle_s"], self._idle_s = self._idle_s, 0.0
             extra["async/dropped_stale_batches_cum"] = float(c["dropped_stale_batches"])
+            extra["async/sync_lock_wait_s"] = self._lock_wait_s
+        if "gen_t0" in tags:  # the timeline of experiments/async_throughput and avspo-simulate
+            extra["timeline/gen_start"] = float(tags["gen_t0"].min())
+            extra["timeline/gen_end"] = float(tags["gen_t1"].max())
+            extra["timeline/step_start"], extra["timeline/step_end"] = t_start, time.time()
         kl_key = "kl" if self.args.monitor.kl_source == "ref" else "ppo_kl"
         status.update(self.controller.after_train(status, kl_key))
         status.update(extra)
@@ -368,8 +376,11 @@ class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__
 
     def broadcast_to_vllm(self):
         # OpenRLHF's TrainingActor.broadcast_to_vllm, plus publishing the new version while the
-        # lock is held, so a generation that starts afterwards reads the weights it really uses
+        # lock is held, so a generation that starts afterwards reads the weights it really uses;
+        # the wait for the lock (a generation in progress) is logged apart from the sync itself
+        t0 = time.time()
         ray.get(self.vllm_lock.acquire.remote())
+        self._lock_wait_s = time.time() - t0
         if self._partial_rollout:
             batch_vllm_engine_call(self.vllm_engines, "pause_generation")
         try:

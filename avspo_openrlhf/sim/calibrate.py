@@ -1,0 +1,91 @@
+"""From a run's ``metrics.jsonl`` to the simulator's inputs, and to a measured timeline.
+
+Per trained step the trainer logs (avspo-openrlhf on top of OpenRLHF's ``timing/*``):
+
+- ``timing/generation``, ``timing/make_experience``, ``timing/ppo_train``, ``timing/broadcast``;
+- ``async/sync_lock_wait_s``: the part of ``timing/broadcast`` spent waiting for the generation in
+  progress (async mode: the sync needs the engine lock), so the sync's own cost is the difference;
+- ``timeline/gen_start``, ``timeline/gen_end``: wall-clock bounds of the batch's generation;
+  ``timeline/step_start``, ``timeline/step_end``: of the trainer's step (experience making, update,
+  lock wait, weight sync), all ``time.time()`` on the actors' machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from avspo_openrlhf.report import read_metrics
+
+from .pipeline import Dist, Workload
+
+TIMELINE_KEYS = ("timeline/gen_start", "timeline/gen_end", "timeline/step_start", "timeline/step_end")
+
+
+def load_rows(path: str) -> list[dict]:
+    """Trained steps of a metrics.jsonl (eval rows left out), in step order."""
+    rows, _ = read_metrics(path)
+    if not rows:
+        raise ValueError(f"{path}: no training steps (is it a run's report/metrics.jsonl?)")
+    return rows
+
+
+def phase_times(row: dict) -> dict:
+    """One step's phases in seconds: gen, train (experience + update), sync (without lock wait)."""
+    missing = [k for k in ("timing/generation", "timing/make_experience", "timing/ppo_train") if k not in row]
+    if missing:
+        raise ValueError(f"step {row.get('step')}: metrics lack {', '.join(missing)} (OpenRLHF's timing/* fields)")
+    sync = row.get("timing/broadcast", 0.0) - row.get("async/sync_lock_wait_s", 0.0)
+    return {
+        "gen": row["timing/generation"],
+        "train": row["timing/make_experience"] + row["timing/ppo_train"],
+        "sync": max(0.0, sync),
+    }
+
+
+def calibrate(rows: list[dict], skip: int = 1, tail_sigma: float = 0.0, engines: int = 1) -> Workload:
+    """A :class:`Workload` whose phase times resample the measured ones; the first ``skip`` steps
+    are left out (engine and DeepSpeed warm-up)."""
+    use = rows[skip:] if len(rows) > skip else rows
+    ph = [phase_times(r) for r in use]
+    n = statistics.fmean(r.get("rollout/num_samples", 1.0) for r in use)
+    length = statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in use)
+    return Workload(
+        gen=Dist(tuple(p["gen"] for p in ph), tail_sigma),
+        train=Dist(tuple(p["train"] for p in ph)),
+        sync=Dist(tuple(p["sync"] for p in ph)),
+        engines_ref=engines,
+        samples_per_step=n,
+        tokens_per_step=n * length,
+    )
+
+
+def mean_phases(rows: list[dict], skip: int = 1) -> dict:
+    use = rows[skip:] if len(rows) > skip else rows
+    ph = [phase_times(r) for r in use]
+    return {k: statistics.fmean(p[k] for p in ph) for k in ("gen", "train", "sync")}
+
+
+def measured_timeline(rows: list[dict]) -> tuple[list[dict], list[tuple[str, str, float, float]]]:
+    """Steps and (lane, phase, start, end) spans of a measured run, in the simulator's shape
+    (times relative to the first generation's start)."""
+    have = [r for r in rows if all(k in r for k in TIMELINE_KEYS)]
+    if not have:
+        raise ValueError("metrics lack timeline/* fields (runs of avspo-openrlhf >= 0.4 log them)")
+    t0 = min(r["timeline/gen_start"] for r in have)
+    steps, spans = [], []
+    prev_end = None
+    for r in have:
+        gs, ge = r["timeline/gen_start"] - t0, r["timeline/gen_end"] - t0
+        ss, se = r["timeline/step_start"] - t0, r["timeline/step_end"] - t0
+        bc = r.get("timing/broadcast", 0.0)
+        lock = min(r.get("async/sync_lock_wait_s", 0.0), bc)
+        spans.append(("generator", "generate", gs, ge))
+        if prev_end is not None and ss > prev_end:
+            spans.append(("trainer", "wait", prev_end, ss))
+        spans.append(("trainer", "train", ss, se - bc))
+        if lock > 0:
+            spans.append(("trainer", "wait", se - bc, se - bc + lock))
+        spans.append(("trainer", "sync", se - bc + lock, se))
+        steps.append({"step": int(r["step"]), "end": se, "staleness": r.get("async/staleness", 0.0)})
+        prev_end = se
+    return steps, spans

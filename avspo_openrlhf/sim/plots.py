@@ -1,0 +1,101 @@
+"""Plots of pipeline timelines and async results (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+COLORS = {"generate": "tab:blue", "train": "tab:orange", "sync": "tab:red", "wait": "0.85"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_gantt(runs: dict[str, tuple[list, list]], path: str, title: str = "", max_s: float | None = None) -> None:
+    """One pair of lanes (generator, trainer) per run: what each side does over time."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 1.5 + 1.3 * len(runs)), squeeze=False, sharex=True)
+    horizon = max_s or max((max((e for *_, e in spans), default=0) for _, spans in runs.values()), default=1)
+    for ax, (label, (steps, spans)) in zip(axes[:, 0], runs.items()):
+        for y, lane in enumerate(["trainer", "generator"]):
+            for ln, phase, s, e in spans:
+                if ln == lane and s < horizon:
+                    ax.broken_barh([(s, min(e, horizon) - s)], (y - 0.35, 0.7), color=COLORS[phase])
+        for st in steps:
+            if st["end"] <= horizon:
+                ax.axvline(st["end"], color="k", lw=0.4, alpha=0.4)
+        ax.set_yticks([0, 1], ["trainer", "generator"])
+        ax.set_title(label, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("seconds (thin lines: a training step ends)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    fig.legend(handles, list(COLORS), loc="upper right", ncol=4, fontsize=8)
+    fig.suptitle(title, fontsize=10, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_throughput(rows: list[dict], path: str) -> None:
+    """Measured speedup over sync per mode, against the ideal (and the simulator's prediction)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
+    xs = range(len(rows))
+    ax.bar([x - 0.2 for x in xs], [r["speedup"] for r in rows], 0.4, label="measured")
+    if any("predicted_speedup" in r for r in rows):
+        ax.bar([x + 0.2 for x in xs], [r.get("predicted_speedup", 0) for r in rows], 0.4, label="simulator", alpha=0.7)
+    ideal = rows[0].get("ideal")
+    if ideal:
+        ax.axhline(ideal, color="k", ls="--", lw=1, label=f"ideal {ideal:.2f}x")
+    ax.axhline(1.0, color="0.5", lw=0.8)
+    ax.set_xticks(list(xs), [r["mode"] for r in rows], rotation=25, ha="right", fontsize=8)
+    ax.set_ylabel("speedup over sync (same core split)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_staleness(hists: dict[str, dict], path: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    modes = list(hists)
+    keys = sorted({int(k) for h in hists.values() for k in h})
+    width = 0.8 / max(len(modes), 1)
+    for i, m in enumerate(modes):
+        tot = sum(hists[m].values()) or 1
+        ax.bar([k + i * width for k in keys], [hists[m].get(k, hists[m].get(str(k), 0)) / tot for k in keys], width,
+               label=m)  # fmt: skip
+    ax.set_xticks([k + 0.4 - width / 2 for k in keys], [str(k) for k in keys])
+    ax.set_xlabel("staleness (trainer step - generating policy version)")
+    ax.set_ylabel("fraction of trained batches")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(curves: dict[str, dict[str, list]], key: str, path: str, ylabel: str) -> None:
+    """``curves[mode][key]``: a list per seed of (step, value) pairs; mean over seeds per step."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for mode, per_key in curves.items():
+        seeds = per_key.get(key, [])
+        if not seeds:
+            continue
+        by_step: dict[int, list] = {}
+        for pts in seeds:
+            for s, v in pts:
+                by_step.setdefault(int(s), []).append(v)
+        xs = sorted(by_step)
+        ax.plot(
+            xs, [sum(by_step[x]) / len(by_step[x]) for x in xs], marker="o", ms=3, label=f"{mode} ({len(seeds)} seeds)"
+        )
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

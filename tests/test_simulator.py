@@ -1,0 +1,193 @@
+"""The pipeline simulator (pure Python): closed forms, staleness bounds, calibration round trip, CLI."""
+
+import json
+import random
+
+import pytest
+
+from avspo_openrlhf.sim import (
+    Dist,
+    PipelineConfig,
+    Workload,
+    calibrate,
+    ideal_speedup,
+    load_rows,
+    lock_bound_speedup,
+    measured_timeline,
+    simulate,
+    summarize,
+)
+from avspo_openrlhf.sim.cli import main as simulate_main
+from avspo_openrlhf.sim.cli import predict
+
+
+def _w(g, t, s=0.0, **kw):
+    return Workload(Dist.const(g), Dist.const(t), Dist.const(s), **kw)
+
+
+def _intervals(res):
+    ends = [s["end"] for s in res.steps]
+    return [b - a for a, b in zip(ends, ends[1:])]
+
+
+@pytest.mark.parametrize("g, t, s", [(2.0, 5.0, 1.0), (5.0, 2.0, 1.0), (3.0, 3.0, 0.5), (1.0, 7.0, 0.0)])
+def test_sync_step_is_the_sum_of_the_phases(g, t, s):
+    res = simulate(_w(g, t, s), PipelineConfig("sync"), steps=10)
+    assert [st["end"] for st in res.steps] == pytest.approx([(i + 1) * (g + t + s) for i in range(10)])
+    summ = res.summary()
+    assert summ["step_s"] == pytest.approx(g + t + s)
+    assert summ["trainer/idle_ratio"] == pytest.approx(g / (g + t + s))
+    assert summ["rollouter/idle_ratio"] == pytest.approx((t + s) / (g + t + s))
+    assert summ["staleness_max"] == 0
+
+
+@pytest.mark.parametrize("q", [1, 2, 4])
+@pytest.mark.parametrize("g, t, s", [(2.0, 5.0, 1.0), (5.0, 2.0, 1.0), (3.0, 3.0, 0.5), (1.0, 7.0, 0.0)])
+def test_async_converges_to_the_slower_phase_plus_the_sync(q, g, t, s):
+    res = simulate(_w(g, t, s), PipelineConfig("async", q), steps=30)
+    # after the pipeline fills, every step takes max(T_gen, T_train) + T_sync (the sync holds the engine lock)
+    assert _intervals(res)[q + 1 :] == pytest.approx([max(g, t) + s] * (29 - q - 1))
+    assert res.summary(warmup=q + 1)["step_s"] == pytest.approx(max(g, t) + s)
+    assert res.steps[0]["end"] >= g + t + s - 1e-9  # the first batch overlaps nothing (and its sync may wait)
+
+
+def test_async_q1_staleness_is_one_after_the_first_step():
+    res = simulate(_w(2.0, 5.0, 1.0), PipelineConfig("async", 1), steps=8)
+    assert [st["staleness"] for st in res.steps] == [0] + [1] * 7
+    # a fast generator runs ahead by the queue size, never more
+    res = simulate(_w(1.0, 5.0, 0.0), PipelineConfig("async", 4), steps=20)
+    assert max(st["staleness"] for st in res.steps) == 4
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_staleness_never_exceeds_queue_size_or_bound(seed):
+    rng = random.Random(seed)
+    w = Workload(Dist(tuple(rng.uniform(0.5, 4) for _ in range(20)), tail_sigma=0.8),
+                 Dist(tuple(rng.uniform(0.5, 4) for _ in range(20))), Dist.const(0.2))  # fmt: skip
+    for q in (1, 2, 4):
+        res = simulate(w, PipelineConfig("async", q), steps=60, seed=seed)
+        assert len(res.steps) == 60 and max(st["staleness"] for st in res.steps) <= q
+        bounded = simulate(w, PipelineConfig("async", q, max_staleness=1), steps=60, seed=seed)
+        assert len(bounded.steps) == 60 and max(st["staleness"] for st in bounded.steps) <= 1
+
+
+def test_staleness_bound_rejects_batches_and_costs_throughput():
+    w = _w(1.0, 4.0, 0.0)  # the generator fills a queue of 4 with batches that will be 2-4 versions old
+    free = simulate(w, PipelineConfig("async", 4), steps=40)
+    bound = simulate(w, PipelineConfig("async", 4, max_staleness=1), steps=40)
+    assert free.rejected == 0 and bound.rejected > 0
+    assert max(st["staleness"] for st in bound.steps) <= 1
+    assert bound.summary()["step_s"] >= free.summary()["step_s"]
+
+
+def _lock_waits(res):
+    train_ends = {round(e, 9) for lane, ph, _, e in res.spans if lane == "trainer" and ph == "train"}
+    return [sp for sp in res.spans if sp[:2] == ("trainer", "wait") and round(sp[2], 9) in train_ends]
+
+
+def test_partial_rollout_pauses_generation_instead_of_waiting():
+    g, t, s = 5.0, 2.0, 1.0
+    locked = simulate(_w(g, t, s), PipelineConfig("async", 1), steps=20)
+    partial = simulate(_w(g, t, s), PipelineConfig("async", 1, partial_rollout=True), steps=20)
+    # without partial rollout the sync waits for the generation in progress; with it, never
+    assert len(_lock_waits(locked)) >= 18 and not _lock_waits(partial)
+    # and each generation is stretched by the sync that paused it: g + s per batch in steady state
+    assert partial.summary(warmup=3)["step_s"] == pytest.approx(g + s)
+
+
+def test_more_engines_split_the_batch_and_pay_for_stragglers():
+    w = _w(8.0, 1.0, 0.0)
+    assert simulate(w, PipelineConfig("sync", engines=4), steps=3).summary()["step_s"] == pytest.approx(2.0 + 1.0)
+    tail = Workload(Dist((8.0,), tail_sigma=1.0), Dist.const(1.0))
+    one = simulate(tail, PipelineConfig("sync"), steps=400, seed=1).summary()["step_s"]
+    four = simulate(tail, PipelineConfig("sync", engines=4), steps=400, seed=1).summary()["step_s"]
+    assert 3.0 < four < one / 4 * 2 + 1.0  # faster than one engine, slower than a perfect 4x (the slowest engine)
+
+
+def test_ideal_speedup_closed_forms_and_predict():
+    assert ideal_speedup(3, 3) == 2 and ideal_speedup(1, 3) == pytest.approx(4 / 3)
+    assert lock_bound_speedup(3, 3, 1) == pytest.approx(7 / 4)
+    rows = {
+        r["mode"]: r for r in predict(_w(3.0, 3.0, 0.0), [PipelineConfig("sync"), PipelineConfig("async", 1)], 50, 1)
+    }
+    assert rows["sync"]["speedup"] == 1.0
+    assert rows["async q=1"]["speedup"] == pytest.approx(2.0, rel=0.05)  # T_gen = T_train: async doubles throughput
+    assert rows["async q=1"]["efficiency"] == pytest.approx(1.0, rel=0.05)
+
+
+def _synthetic_metrics(path, gen, train, sync, lock=None, start=1_700_000_000.0):
+    """A metrics.jsonl as the trainer writes it: timing/*, timeline/* (absolute seconds)."""
+    t, rows = start, []
+    for i, (g, tr, s) in enumerate(zip(gen, train, sync)):
+        lw = 0.0 if lock is None else lock[i]
+        me, pt = 0.4 * tr, 0.6 * tr
+        row = {"kind": "train", "step": i + 1, "timing/generation": g, "timing/make_experience": me,
+               "timing/ppo_train": pt, "timing/broadcast": s + lw, "async/sync_lock_wait_s": lw,
+               "rollout/num_samples": 16.0, "rollout/response_length_mean": 20.0, "async/staleness": 0.0,
+               "timeline/gen_start": t, "timeline/gen_end": t + g, "timeline/step_start": t + g,
+               "timeline/step_end": t + g + tr + s + lw}  # fmt: skip
+        t = row["timeline/step_end"]
+        rows.append(row)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_calibration_round_trip(tmp_path):
+    rng = random.Random(0)
+    gen = [rng.uniform(2, 4) for _ in range(40)]
+    train = [rng.uniform(3, 5) for _ in range(40)]
+    sync = [0.5] * 40
+    path = tmp_path / "metrics.jsonl"
+    _synthetic_metrics(path, gen, train, sync, lock=[0.7] * 40)
+    rows = load_rows(str(path))
+    w = calibrate(rows, skip=1)
+    assert w.gen.mean == pytest.approx(sum(gen[1:]) / 39)
+    assert w.train.mean == pytest.approx(sum(train[1:]) / 39)
+    assert w.sync.mean == pytest.approx(0.5)  # the lock wait is not part of the sync's cost
+    assert w.samples_per_step == 16 and w.tokens_per_step == 320
+    # the measured timeline of a sync run (no lock waits) and the simulated sync run agree on the step time
+    _synthetic_metrics(path, gen, train, sync)
+    rows = load_rows(str(path))
+    steps, spans = measured_timeline(rows)
+    measured = summarize(steps, spans, 16, 320)
+    sim = simulate(w, PipelineConfig("sync"), steps=2000, seed=0).summary()
+    assert sim["step_s"] == pytest.approx(measured["step_s"], rel=0.05)
+    assert measured["staleness_mean"] == 0 and 0 < measured["trainer/idle_ratio"] < 1
+
+
+def test_calibration_needs_the_timing_fields(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"kind": "train", "step": 1, "reward": 0.5}) + "\n")
+    with pytest.raises(ValueError, match="timing/generation"):
+        calibrate(load_rows(str(path)))
+    with pytest.raises(ValueError, match="timeline"):
+        measured_timeline(load_rows(str(path)))
+    with pytest.raises(ValueError, match="no training steps"):
+        load_rows(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="finite"):
+        Dist((float("nan"),))
+
+
+def test_cli_from_metrics_phase_times_and_cluster(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    _synthetic_metrics(path, [3.0] * 10, [3.0] * 10, [0.0] * 10)
+    out_json = tmp_path / "pred.json"
+    assert simulate_main(["--from-metrics", str(path), "--queue-size", "1", "2", "--steps", "50",
+                          "--json", str(out_json), "--gantt", str(tmp_path / "g.png")]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "| async q=1 |" in out and "| sync |" in out
+    pred = {r["mode"]: r for r in json.loads(out_json.read_text())}
+    assert pred["async q=1"]["speedup"] == pytest.approx(2.0, rel=0.05)
+    assert (tmp_path / "g.png").stat().st_size > 10_000
+    assert simulate_main(["--phase-times", "4", "2", "0.5", "--queue-size", "1", "--max-staleness", "1"]) == 0
+    assert "max_staleness=1" in capsys.readouterr().out
+    csv = tmp_path / "cluster.csv"
+    csv.write_text("# comment\nname,gen_gpus,train_gpus,gen_s,train_s,sync_s,source\n"
+                   "colocated 8,8,0,10,5,0,x\nsplit 4/4,4,4,20,10,1,x\nsplit 6/2,6,2,13.3,20,1,x\n")  # fmt: skip
+    assert simulate_main(["--cluster", str(csv), "--queue-size", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| colocated 8 | sync | 15 |" in out and "| split 4/4 | async q=1 | 21 |" in out
+    # a user's mistake: one line, exit 2
+    assert simulate_main(["--from-metrics", str(tmp_path / "none.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("avspo-simulate: error:")
