@@ -62,11 +62,11 @@ def plot_staleness(hists: dict[str, dict], path: str) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3.5))
     modes = list(hists)
-    keys = sorted({int(k) for h in hists.values() for k in h})
+    keys = sorted({k for h in hists.values() for k in h})
     width = 0.8 / max(len(modes), 1)
     for i, m in enumerate(modes):
         tot = sum(hists[m].values()) or 1
-        ax.bar([k + i * width for k in keys], [hists[m].get(k, hists[m].get(str(k), 0)) / tot for k in keys], width,
+        ax.bar([k + i * width for k in keys], [hists[m].get(k, 0) / tot for k in keys], width,
                label=m)  # fmt: skip
     ax.set_xticks([k + 0.4 - width / 2 for k in keys], [str(k) for k in keys])
     ax.set_xlabel("staleness (trainer step - generating policy version)")

@@ -134,6 +134,7 @@ def measure(run: Path) -> dict:
     binding = run / "report" / "cpu_binding.json"
     s["cpu_binding"] = json.loads(binding.read_text()) if binding.exists() else None
     s["timeline"] = {"steps": steps, "spans": spans}
+    s["_rows"] = rows  # for the simulator's calibration (left out of results.json)
     return s
 
 
@@ -289,9 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in a.seeds:
         for mode in modes:
             run = run_mode(a, model, mode, seed, root)
-            m = measure(run)
-            m["_rows"] = load_rows(str(run / "report" / "metrics.jsonl"))
-            measured.setdefault(mode, {})[seed] = m
+            measured.setdefault(mode, {})[seed] = measure(run)
     rows = analyse(measured)
     text = [f"workload: model {a.model}, {a.prompts_per_step} prompts x G={a.group_size}, {a.max_new_tokens} new tokens, "
             f"{a.ppo_epochs} PPO epochs, {a.steps} steps, seeds {a.seeds}, split {a.split} (engine/training cores), backend {a.backend}\n",
