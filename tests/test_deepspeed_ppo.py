@@ -16,8 +16,8 @@ pytest.importorskip("openrlhf")
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor  # noqa: E402
 from openrlhf.utils import get_strategy  # noqa: E402
 
-from avspo_openrlhf.cpu.cuda_shims import cpu_cuda_shims  # noqa: E402
 from avspo_openrlhf.cpu.tiny import build_tiny_model  # noqa: E402
+from avspo_openrlhf.install import installed  # noqa: E402
 from avspo_openrlhf.trainer.experience_maker import AVSPOExperienceMaker  # noqa: E402
 from avspo_openrlhf.trainer.trainers import STATE_KEY  # noqa: E402
 
@@ -55,7 +55,7 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
                                "--algo.advantage.estimator", "group_norm"])  # fmt: skip
     assert args.ds.param_dtype == cpu_dtype  # --cpu.dtype replaces OpenRLHF's GPU-only bf16/fp16 choice
     rewards = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 1]])  # one all-right group: AVSPO gives it a signal
-    with cpu_cuda_shims():
+    with installed(cpu=True):
         actor = _actor(args, model, _port())
         want = {"bf16": torch.bfloat16, "fp32": torch.float32}[cpu_dtype]
         assert {p.dtype for p in actor.actor.model.parameters()} == {want}

@@ -60,6 +60,7 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
         (["--backend", "cpu", "--cpu.engine_cores", "0", "--cpu.train_cores", "0"], "disjoint"),
         (["--backend", "cpu", "--cpu.engine_cores", "9999"], "not available"),
         (["--backend", "cpu", "--cpu.train_cores", "x-1"], "cpulist"),
+        (["--train.partial_rollout_enable"], "requires --train.async_enable"),  # OpenRLHF's own assertion
     ],
 )
 def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
@@ -69,6 +70,40 @@ def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("avspo-train: error: ") and msg in err[0], err
+
+
+def test_parsing_patches_nothing_and_leaves_openrlhf_main_untouched():
+    import argparse
+
+    import openrlhf.cli.train_ppo_ray as main_mod
+    import openrlhf.utils.config as orl_config
+    import ray
+
+    watched = [(argparse.ArgumentParser, "parse_args"), (orl_config, "hierarchize"), (ray, "is_initialized"),
+               (main_mod, "train"), (main_mod, "argparse")]  # fmt: skip
+    before = [getattr(o, n) for o, n in watched]
+    globals_before = set(vars(main_mod))
+    args = parse("--avspo.enable")
+    assert args.avspo.enable and args.actor.eps_clip_low_high == (0.2, 0.2)
+    assert [getattr(o, n) for o, n in watched] == before
+    assert set(vars(main_mod)) == globals_before  # the __main__ block ran in a copy of its namespace
+
+
+def test_a_changed_openrlhf_main_block_is_named():
+    import ast
+
+    from avspo_openrlhf.cli.train import OpenRLHFMainChanged, _main_block
+
+    ok = "import x\nif __name__ == '__main__':\n    parser = P()\n    args = parser.parse_args()\n    args = hierarchize(args)\n    check(args)\n    train(args)\n"
+    setup, hier, checks = _main_block(ast.parse(ok), "m.py")
+    assert [ast.unparse(s) for s in setup + hier + checks] == [
+        "parser = P()",
+        "args = hierarchize(args)",
+        "check(args)",
+    ]
+    for bad in (ok.replace("    train(args)\n", ""), ok.replace("args = hierarchize(args)", "pass"), "x = 1\n"):
+        with pytest.raises(OpenRLHFMainChanged, match="re-check avspo_openrlhf/cli/train.py"):
+            _main_block(ast.parse(bad), "m.py")
 
 
 def test_cpu_core_split_is_resolved_and_normalized():

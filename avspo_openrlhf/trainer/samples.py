@@ -1,17 +1,17 @@
 """OpenRLHF's ``SamplesGenerator`` with policy-version tags, a std-based dynamic filter, correct
 filter accounting, generator idle time, and prompts re-queued by the async staleness bound.
 
-Every sample leaves with batch metadata in ``info`` (popped by the trainer before training):
-``policy_version`` (weights version that generated it), ``gen_cost`` (generated ÷ kept samples of
-its generation call, 1.0 without filtering), ``gen_idle_s`` (generator idle time before it) and
-``datasource`` (its prompt's dataset field, for per-level ACR), ``gen_t0``/``gen_t1`` (wall-clock
-start and end of its generation call, float64: the async timeline).
+Every sample leaves with a typed :class:`RolloutMeta` in its ``rollout_meta`` attribute (beside
+OpenRLHF's ``Experience`` fields, so OpenRLHF's info merging never sees it); the trainer and the
+experience maker read a batch's as one :class:`BatchMeta`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import ray
 import torch
@@ -21,9 +21,55 @@ from tqdm import tqdm
 
 from avspo_openrlhf.algo import dynamic_sampling_keep_mask
 
-from .config import ensure
+from .config import settings
 
-TAG_KEYS = ("policy_version", "gen_cost", "gen_idle_s", "gen_t0", "gen_t1")
+
+@dataclass(frozen=True)
+class RolloutMeta:
+    """What the generator knows about one sample."""
+
+    policy_version: int  # trainer step whose weights the engines held when it was generated
+    datasource: str | None = None  # its prompt's dataset field (per-level ACR); None for eval samples
+    gen_cost: float = 1.0  # generated / kept samples of its generation call (dynamic sampling)
+    gen_idle_s: float = 0.0  # generator idle time before that call
+    gen_t0: float = 0.0  # wall-clock start and end of that call (the async timeline)
+    gen_t1: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """One training batch's :class:`RolloutMeta`, summarized (fields are None for samples that
+    carry none, e.g. samples built by hand)."""
+
+    policy_version: int | None = None  # the oldest weights in the batch
+    gen_cost_sum: float | None = None
+    gen_cost_mean: float | None = None
+    gen_idle_s: float | None = None  # the longest generator wait among the batch's calls
+    gen_start: float | None = None
+    gen_end: float | None = None
+    group_datasources: list[str] | None = None  # one per prompt group (samples come n per prompt)
+
+    @classmethod
+    def of(cls, samples, n: int) -> BatchMeta:
+        metas = [getattr(s, "rollout_meta", None) for s in samples]
+        if not metas or any(m is None for m in metas):
+            return cls()
+        cost = [m.gen_cost for m in metas]
+        sources = [m.datasource for m in metas[::n]]
+        return cls(
+            policy_version=min(m.policy_version for m in metas),
+            gen_cost_sum=float(sum(cost)),
+            gen_cost_mean=float(sum(cost)) / len(cost),
+            gen_idle_s=max(m.gen_idle_s for m in metas),
+            gen_start=min(m.gen_t0 for m in metas),
+            gen_end=max(m.gen_t1 for m in metas),
+            group_datasources=None if None in sources else sources,
+        )
+
+
+def _update_meta(samples, **fields) -> None:
+    for s in samples:
+        s.rollout_meta = dataclasses.replace(s.rollout_meta, **fields)
 
 
 class _PromptSource:
@@ -51,7 +97,7 @@ class AVSPOSamplesGenerator(SamplesGenerator):
 
     def __init__(self, *args, version_fn=None, requeue_fn=None, stop_fn=None, **kwargs):
         super().__init__(*args, **kwargs)
-        ensure(self.args)
+        self.cfg = settings(self.args)  # our flag groups, typed
         self.version_fn = version_fn or (lambda: 0)
         self.requeue_fn = requeue_fn
         self.stop_fn = stop_fn
@@ -79,13 +125,9 @@ class AVSPOSamplesGenerator(SamplesGenerator):
         if pass_rate is not None:
             # OpenRLHF 0.11.2 divides kept *samples* by consumed *prompts*: inflated by n
             pass_rate /= self.args.rollout.n_samples_per_prompt
-        elif self.args.dynamic.std_filter and consumed:
+        elif self.cfg.dynamic.std_filter and consumed:
             pass_rate = 100.0 * self._last_kept_groups / consumed
-        t1 = self._last_end
-        for s in samples:
-            s.info["gen_idle_s"] = torch.tensor([idle])
-            s.info["gen_t0"] = torch.tensor([t0], dtype=torch.float64)
-            s.info["gen_t1"] = torch.tensor([t1], dtype=torch.float64)
+        _update_meta(samples, gen_idle_s=idle, gen_t0=t0, gen_t1=self._last_end)
         return samples, pass_rate, consumed, exhausted
 
     def generate_eval_samples(self, **generate_kwargs):
@@ -108,29 +150,27 @@ class AVSPOSamplesGenerator(SamplesGenerator):
         training = self._training_call
         if training:
             dataloader_iter = _PromptSource(self.pending, dataloader_iter, self.ds_of)
-        if training and self.args.dynamic.std_filter:
+        if training and self.cfg.dynamic.std_filter:
             out = self._generate_std_filtered(dataloader_iter, num_prompts, **generate_kwargs)
         else:
             out = super()._generate_vllm(dataloader_iter, num_prompts, dynamic_filtering, **generate_kwargs)
         samples, consumed, _ = out
         n = generate_kwargs.get("n_samples_per_prompt", self.args.rollout.n_samples_per_prompt)
         self._last_kept_groups = len(samples) // max(n, 1)
-        cost = consumed * n / len(samples) if samples else 0.0
-        for s in samples:
-            s.info["gen_cost"] = torch.tensor([cost])
+        if training:
+            _update_meta(samples, gen_cost=consumed * n / len(samples) if samples else 0.0)
         return out
 
     def _process_response_into_experience(self, response, **generate_kwargs):
         exp = super()._process_response_into_experience(response, **generate_kwargs)
-        exp.info["policy_version"] = torch.tensor([self._version])
-        if self._training_call:
-            exp.info["datasource"] = [str(self.ds_of.get(response["prompt"], "default"))]
+        source = str(self.ds_of.get(response["prompt"], "default")) if self._training_call else None
+        exp.rollout_meta = RolloutMeta(policy_version=self._version, datasource=source)
         return exp
 
     def _generate_std_filtered(self, dataloader_iter, num_prompts: int, **generate_kwargs):
         """DAPO dynamic sampling: keep a group only if its reward std >= --acr.tol; every dropped
         group is replaced by a new prompt until the batch is full or the data runs out."""
-        tol = self.args.acr.tol
+        tol = self.cfg.acr.tol
         prompts, labels, images, exhausted = _collect_prompt_batch(dataloader_iter, num_prompts)
         if not prompts:
             return [], 0, True

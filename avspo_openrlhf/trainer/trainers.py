@@ -2,8 +2,10 @@
 samples generator, metrics, checkpointed state, alarms, and the version-tagged async buffer.
 
 Ray forbids subclassing a ``@ray.remote`` class, so each class here subclasses the wrapped
-``__ray_actor_class__`` and is wrapped again. ``PPOTrainerAsync.__init__`` builds its lock, generator
-and trainer actors from module globals, so ours swaps those globals for the duration of the call.
+``__ray_actor_class__`` and is wrapped again. The async trainer builds its actors itself
+(:class:`_PPOTrainerAsync`): OpenRLHF's queue, slots and vLLM lock, plus our
+:class:`AsyncCoordinator` actor (policy version, re-queued prompts, stop flag) passed to the
+generator and the training actor.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import math
 import os
 import re
 import time
+import uuid
 
 import ray
 import torch
@@ -19,13 +22,14 @@ from openrlhf.trainer import ppo_trainer_async as _async
 from openrlhf.trainer.ppo_trainer import BasePPOTrainer, PPOTrainer
 from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
 from openrlhf.utils.logging_utils import init_logger
+from ray.util.queue import Queue
 
 from avspo_openrlhf.cli.interrupt import stop_file, stopped_marker
 from avspo_openrlhf.redaction import check_wandb_key_in_env
 
-from .config import ensure
+from .config import settings
 from .experience_maker import AVSPOExperienceMaker
-from .samples import TAG_KEYS, AVSPOSamplesGenerator
+from .samples import AVSPOSamplesGenerator, BatchMeta
 
 logger = init_logger(__name__)
 
@@ -58,25 +62,6 @@ class _EvalRenamingLogger:
         return getattr(self._logger, name)
 
 
-def pop_tags(rollout_samples) -> dict:
-    """Remove the generator's per-sample batch metadata from ``info``: stacked tensors, plus
-    ``datasource`` as a list of names."""
-    tags = {k: [] for k in TAG_KEYS}
-    sources = []
-    for s in rollout_samples:
-        for k in TAG_KEYS:
-            v = s.info.pop(k, None)
-            if v is not None:
-                tags[k].append(v.double().reshape(-1))  # float32 would round wall-clock times to ~2 min
-        ds = s.info.pop("datasource", None)
-        if ds is not None:
-            sources.extend(ds)
-    out = {k: torch.cat(v) for k, v in tags.items() if v}
-    if len(sources) == len(rollout_samples):
-        out["datasource"] = sources
-    return out
-
-
 def seed_prompt_order(dataloader, seed: int) -> None:
     """Make the prompt order a function of ``--train.seed``. OpenRLHF 0.11.2 builds the prompt
     dataloader in a process where torch's RNG is never seeded, so its shuffle differs run to run:
@@ -92,7 +77,7 @@ class AVSPOTrainerMixin:
     ``__init__``."""
 
     def _avspo_setup(self) -> None:
-        ensure(self.args)
+        self.cfg = settings(self.args)  # our flag groups, typed
         self.experience_maker = AVSPOExperienceMaker(
             self.actor_model_group,
             self.critic_model_group,
@@ -114,7 +99,7 @@ class AVSPOTrainerMixin:
     def _setup_reports(self) -> None:
         from avspo_openrlhf.report import FanOutLogger, JsonlLogger, WandbAutoLogger
 
-        rep = self.args.report
+        rep = self.cfg.report
         extra = []
         if rep.dir:
             extra.append(JsonlLogger(rep.dir))
@@ -132,38 +117,35 @@ class AVSPOTrainerMixin:
             return {SKIPPED: True}, global_step
         t_start = time.time()
         self._lock_wait_s = 0.0
-        tags = pop_tags(rollout_samples)
-        n = self.args.rollout.n_samples_per_prompt
-        self.experience_maker.group_datasources = tags["datasource"][::n] if "datasource" in tags else None
+        meta = BatchMeta.of(rollout_samples, self.args.rollout.n_samples_per_prompt)
         extra: dict[str, float] = {}
         is_async = self.args.train.async_enable
-        if "policy_version" in tags and is_async:
-            staleness = global_step - int(tags["policy_version"].min())
+        if meta.policy_version is not None and is_async:
+            staleness = global_step - meta.policy_version
             extra["async/staleness"] = float(staleness)
-            extra["async/policy_version"] = float(tags["policy_version"].min())
-            bound = self.args.buffer.max_staleness
+            extra["async/policy_version"] = float(meta.policy_version)
+            bound = self.cfg.buffer.max_staleness
             if bound is not None and staleness > bound:
-                return self._reject_stale(rollout_samples, staleness, global_step), global_step
+                return self._reject_stale(rollout_samples, meta, staleness, global_step), global_step
         status, step = super().train_step(rollout_samples, global_step)
         self.policy_version = step
         c = self.counters
         c["trained_batches"] += 1
         c["trained"] += len(rollout_samples)
-        if "gen_cost" in tags:
-            c["generated"] += float(tags["gen_cost"].sum())
-            extra["dynamic/generated_per_trained"] = float(tags["gen_cost"].mean())
+        if meta.gen_cost_sum is not None:
+            c["generated"] += meta.gen_cost_sum
+            extra["dynamic/generated_per_trained"] = meta.gen_cost_mean
             extra["dynamic/generated_per_trained_cum"] = c["generated"] / c["trained"]
         if is_async:
-            if "gen_idle_s" in tags:
-                extra["async/generator_idle_s"] = float(tags["gen_idle_s"].max())
+            if meta.gen_idle_s is not None:
+                extra["async/generator_idle_s"] = meta.gen_idle_s
             extra["async/trainer_idle_s"], self._idle_s = self._idle_s, 0.0
             extra["async/dropped_stale_batches_cum"] = float(c["dropped_stale_batches"])
             extra["async/sync_lock_wait_s"] = self._lock_wait_s
-        if "gen_t0" in tags:  # the timeline of experiments/async_throughput and avspo-simulate
-            extra["timeline/gen_start"] = float(tags["gen_t0"].min())
-            extra["timeline/gen_end"] = float(tags["gen_t1"].max())
+        if meta.gen_start is not None:  # the timeline of experiments/async_throughput and avspo-simulate
+            extra["timeline/gen_start"], extra["timeline/gen_end"] = meta.gen_start, meta.gen_end
             extra["timeline/step_start"], extra["timeline/step_end"] = t_start, time.time()
-        kl_key = "kl" if self.args.monitor.kl_source == "ref" else "ppo_kl"
+        kl_key = "kl" if self.cfg.monitor.kl_source == "ref" else "ppo_kl"
         status.update(self.controller.after_train(status, kl_key))
         status.update(extra)
         return status, step
@@ -178,18 +160,18 @@ class AVSPOTrainerMixin:
             )
         return status
 
-    def _reject_stale(self, rollout_samples, staleness: int, global_step: int) -> dict:
+    def _reject_stale(self, rollout_samples, meta: BatchMeta, staleness: int, global_step: int) -> dict:
         self.counters["dropped_stale_batches"] += 1
         n = self.args.rollout.n_samples_per_prompt
-        if self.args.buffer.stale_policy == "regenerate":
+        if self.cfg.buffer.stale_policy == "regenerate":
             firsts = rollout_samples[::n]  # the generator emits each prompt's n samples together
-            sources = self.experience_maker.group_datasources or [None] * len(firsts)
+            sources = meta.group_datasources or [None] * len(firsts)
             batches = [([ds], s.prompts[:1], s.labels[:1], (s.images or [None])[:1]) for ds, s in zip(sources, firsts)]
             self._requeue(batches)
             self.counters["requeued_prompts"] += len(batches)
         logger.warning(
             f"[avspo] batch of {len(rollout_samples)} samples is {staleness} versions stale "
-            f"(> --buffer.max_staleness {self.args.buffer.max_staleness}): {self.args.buffer.stale_policy}"
+            f"(> --buffer.max_staleness {self.cfg.buffer.max_staleness}): {self.cfg.buffer.stale_policy}"
         )
         return {SKIPPED: True}
 
@@ -240,13 +222,13 @@ class AVSPOTrainerMixin:
             logger.warning(f"[avspo] {self.stop_reason}: checkpoint saved in {self.args.ckpt.path}")
             self._request_stop()
             return
-        limit = self.args.run.max_steps
+        limit = self.cfg.run.max_steps
         if limit is not None and global_step >= limit:
             self.stop_reason = f"--run.max_steps {limit} reached"
             logger.info(f"[avspo] {self.stop_reason}")
             self._request_stop()
             return
-        stop = set(self.args.monitor.stop_on_alarm)
+        stop = set(self.cfg.monitor.stop_on_alarm)
         fired = [a for a, on in self.controller.alarms().items() if on and (a in stop or "any" in stop)]
         if not fired:
             return
@@ -296,12 +278,14 @@ AVSPOPPOTrainer = ray.remote(_PPOTrainer)
 # ── async ──
 
 
-class _AsyncCoordinator(_async.VLLMLock.__ray_actor_class__):
-    """OpenRLHF's vLLM lock, plus the policy version the engines hold and the prompts the trainer
-    sent back for re-generation. Both actors already share the lock, so no new wiring is needed."""
+class AsyncCoordinator:
+    """What the async generator and trainer share besides OpenRLHF's queue and lock: the policy
+    version the engines hold (published by the trainer while it holds the vLLM lock, read by the
+    generator while it holds it), prompts sent back for re-generation (staleness bound), and the
+    stop flag (alarms, ``--run.max_steps``, Ctrl-C). A Ray actor of its own, named
+    ``avspo-coordinator-<id>``."""
 
     def __init__(self):
-        super().__init__()
         self.version = 0
         self.requeued: list = []
         self.stop = False
@@ -344,7 +328,8 @@ class _TimedQueue:
 
 
 class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
-    def __init__(self, pretrain, strategy, vllm_engines, *, vllm_lock, rollout_queue, rollout_slots, **generate_kwargs):
+    def __init__(self, pretrain, strategy, vllm_engines, *, vllm_lock, rollout_queue, rollout_slots, coordinator,
+                 **generate_kwargs):  # fmt: skip
         super().__init__(pretrain, strategy, vllm_engines, vllm_lock=vllm_lock, rollout_queue=rollout_queue,
                          rollout_slots=rollout_slots, **generate_kwargs)  # fmt: skip
         seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
@@ -355,24 +340,25 @@ class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
             eval_dataloader=self.eval_dataloader,
             tokenizer=old.tokenizer,
             vllm_engines=vllm_engines,
-            version_fn=lambda: ray.get(vllm_lock.get_version.remote()),
-            requeue_fn=lambda: ray.get(vllm_lock.take_requeued.remote()),
-            stop_fn=lambda: ray.get(vllm_lock.should_stop.remote()),
+            version_fn=lambda: ray.get(coordinator.get_version.remote()),
+            requeue_fn=lambda: ray.get(coordinator.take_requeued.remote()),
+            stop_fn=lambda: ray.get(coordinator.should_stop.remote()),
         )
 
 
 class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__):
-    def __init__(self, pretrain, strategy, *args, **kwargs):
+    def __init__(self, pretrain, strategy, *args, coordinator, **kwargs):
         check_wandb_key_in_env(strategy.args)  # before OpenRLHF's WandbLogger logs in
         super().__init__(pretrain, strategy, *args, **kwargs)
+        self.coordinator = coordinator
         self._avspo_setup()
         self.rollout_queue = _TimedQueue(self.rollout_queue, self)
 
     def _requeue(self, batches) -> None:
-        ray.get(self.vllm_lock.requeue.remote(batches))
+        ray.get(self.coordinator.requeue.remote(batches))
 
     def _request_stop(self) -> None:
-        ray.get(self.vllm_lock.request_stop.remote())
+        ray.get(self.coordinator.request_stop.remote())
 
     def broadcast_to_vllm(self):
         # OpenRLHF's TrainingActor.broadcast_to_vllm, plus publishing the new version while the
@@ -385,7 +371,7 @@ class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__
             batch_vllm_engine_call(self.vllm_engines, "pause_generation")
         try:
             BasePPOTrainer.broadcast_to_vllm(self)
-            ray.get(self.vllm_lock.set_version.remote(self.policy_version))
+            ray.get(self.coordinator.set_version.remote(self.policy_version))
         finally:
             if self._partial_rollout:
                 batch_vllm_engine_call(self.vllm_engines, "resume_generation")
@@ -403,28 +389,43 @@ class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__
 
 
 class _PPOTrainerAsync(_async.PPOTrainerAsync.__ray_actor_class__):
-    def __init__(self, *args, **kwargs):
-        swap = {
-            "VLLMLock": ray.remote(num_cpus=0)(_AsyncCoordinator),
-            "GenerateSamplesActor": ray.remote(_GenerateSamplesActor),
-            "TrainingActor": ray.remote(_TrainingActor),
-        }
-        saved = {k: getattr(_async, k) for k in swap}
-        for k, v in swap.items():
-            setattr(_async, k, v)
-        try:
-            super().__init__(*args, **kwargs)
-        finally:
-            for k, v in saved.items():
-                setattr(_async, k, v)
+    """OpenRLHF's async trainer (its ``fit`` and ``get_max_steps`` unchanged), built here: the same
+    rollout queue, slot tokens and vLLM lock as OpenRLHF 0.11.2's ``__init__``, our generator and
+    training actors, and the :class:`AsyncCoordinator` both are given."""
+
+    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
+                 reference_model_group, vllm_engines, **generate_kwargs):  # fmt: skip
+        args = strategy.args
+        if args.eval.steps == -1:
+            args.eval.steps = float("inf")  # do not evaluate
+        if args.ckpt.save_steps == -1:
+            args.ckpt.save_steps = float("inf")  # do not save checkpoints
+        queue_size = args.train.async_queue_size
+        if queue_size <= 0:
+            raise ValueError(f"--train.async_queue_size must be positive, got {queue_size}")
+        self.rollout_queue = Queue(maxsize=queue_size)
+        self.rollout_slots = Queue(maxsize=queue_size)  # slot tokens: at most queue_size batches ahead
+        for _ in range(queue_size):
+            self.rollout_slots.put(0, block=True)
+        vllm_lock = _async.VLLMLock.remote()  # generation and weight sync never overlap
+        coordinator = (
+            ray.remote(num_cpus=0)(AsyncCoordinator).options(name=f"avspo-coordinator-{uuid.uuid4().hex[:8]}").remote()
+        )
+        shared = dict(vllm_lock=vllm_lock, rollout_queue=self.rollout_queue, rollout_slots=self.rollout_slots,
+                      coordinator=coordinator)  # fmt: skip
+        self.generator_actor = ray.remote(_GenerateSamplesActor).remote(
+            pretrain=pretrain, strategy=strategy, vllm_engines=vllm_engines, **shared, **generate_kwargs
+        )
+        self.trainer_actor = ray.remote(_TrainingActor).remote(
+            pretrain=pretrain,
+            strategy=strategy,
+            actor_model_group=actor_model_group,
+            critic_model_group=critic_model_group,
+            reward_model_group=reward_model_group,
+            reference_model_group=reference_model_group,
+            vllm_engines=vllm_engines,
+            **shared,
+        )
 
 
 AVSPOPPOTrainerAsync = ray.remote(_PPOTrainerAsync)
-
-
-def install() -> None:
-    """Make OpenRLHF's ``train()`` pick our trainers (it imports them at call time)."""
-    from openrlhf.trainer import ppo_trainer, ppo_trainer_async
-
-    ppo_trainer.PPOTrainer = AVSPOPPOTrainer
-    ppo_trainer_async.PPOTrainerAsync = AVSPOPPOTrainerAsync

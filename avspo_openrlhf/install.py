@@ -1,0 +1,60 @@
+"""Every attribute of OpenRLHF or torch that avspo-openrlhf replaces at run time, in one place.
+
+Everything else extends OpenRLHF by subclassing and by passing our objects to its constructors;
+parsing patches nothing (``cli/train.py: openrlhf_args``). Two kinds of replacement remain, both
+listed in :func:`_replacements` and applied only by :func:`installed`:
+
+- ``trainers``: OpenRLHF's ``train(args)`` imports its trainer class at call time
+  (``openrlhf.trainer.ppo_trainer.PPOTrainer`` or ``ppo_trainer_async.PPOTrainerAsync``), so
+  ``avspo-train --backend gpu`` puts ours there for the duration of that call.
+- ``cpu``: the CUDA-only calls on OpenRLHF's DeepSpeed actor path (the device mesh,
+  ``torch.cuda.set_device``/``synchronize``/``current_device``, the replay buffer's ``cuda:N``
+  device, the ``fp32`` dtype name); the replacements are in ``cpu/cuda_shims.py``. Applied in
+  every Ray worker of ``--backend cpu`` for that process's life (:func:`install_cpu_worker`) and
+  by CPU tests in a ``with`` block. Never on a GPU machine.
+
+``tests/test_openrlhf_surface.py`` checks that every replaced attribute still exists in OpenRLHF.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from unittest import mock
+
+
+def _replacements(*, trainers: bool, cpu: bool) -> list:
+    out = []
+    if trainers:
+        from openrlhf.trainer import ppo_trainer, ppo_trainer_async
+
+        from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
+
+        out += [
+            mock.patch.object(ppo_trainer, "PPOTrainer", AVSPOPPOTrainer),
+            mock.patch.object(ppo_trainer_async, "PPOTrainerAsync", AVSPOPPOTrainerAsync),
+        ]
+    if cpu:
+        from avspo_openrlhf.cpu.cuda_shims import cpu_replacements
+
+        out += [mock.patch.object(obj, name, value) for obj, name, value in cpu_replacements()]
+    return out
+
+
+@contextmanager
+def installed(*, trainers: bool = False, cpu: bool = False):
+    """Our replacements in place inside the ``with`` block, OpenRLHF's own restored on exit."""
+    with ExitStack() as stack:
+        for p in _replacements(trainers=trainers, cpu=cpu):
+            stack.enter_context(p)
+        yield
+
+
+def install_cpu_worker() -> None:
+    """Ray ``worker_process_setup_hook`` of the CPU backend: stand-ins for the GPU-only modules
+    (``cpu/compat.py``), then the ``cpu`` replacements for the rest of this worker process. This
+    module imports nothing heavy at top, so the hook runs before OpenRLHF is imported."""
+    from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
+
+    install_gpu_module_stubs()
+    for p in _replacements(trainers=False, cpu=True):
+        p.start()  # a worker process lives for one run: never restored
