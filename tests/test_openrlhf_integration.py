@@ -72,6 +72,31 @@ def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
     assert len(err) == 1 and err[0].startswith("avspo-train: error: ") and msg in err[0], err
 
 
+def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():
+    import inspect
+    from dataclasses import FrozenInstanceError, fields
+
+    from avspo_openrlhf.algo.controller import AVSPOController
+    from avspo_openrlhf.algo.monitors import ACRTracker
+
+    assert config.settings(SimpleNamespace()) == config.Settings()  # args built without our parser
+    args = parse("--avspo.enable", "--avspo.alpha", "0.7", "--acr.window", "3", "--monitor.stop_on_alarm", "kl_drift",
+                 "acr_stall", "--avspo.num_virtual", "4", "--monitor.disable_entropy")  # fmt: skip
+    cfg = config.settings(args)
+    assert cfg.avspo.alpha == 0.7 and cfg.acr.window == 3 and cfg.monitor.stop_on_alarm == ("kl_drift", "acr_stall")
+    with pytest.raises(FrozenInstanceError):
+        cfg.avspo.alpha = 1.0
+    ctrl = config.build_controller(args)
+    assert ctrl.enable and ctrl.adv_kwargs["alpha"] == 0.7 and ctrl.adv_kwargs["fixed_k"] == 4
+    assert ctrl.tracker.recent.maxlen == 3 and ctrl.entropy is None
+    # every field of the algorithm groups reaches the controller by name, or is mapped, or is the trainer's
+    params = set(inspect.signature(AVSPOController).parameters) | set(inspect.signature(ACRTracker).parameters)
+    elsewhere = {"num_virtual", "seed", "disable_entropy", "kl_source", "stop_on_alarm"}
+    for cls in (config.ACRConfig, config.AVSPOConfig, config.MonitorConfig):
+        for f in fields(cls):
+            assert f.name in params | elsewhere, f"{cls.__name__}.{f.name} reaches neither controller nor trainer"
+
+
 def test_parsing_patches_nothing_and_leaves_openrlhf_main_untouched():
     import argparse
 

@@ -229,6 +229,8 @@ def _argparse_kwargs(f: dataclasses.Field) -> dict:
         kw.update(nargs="+", default=list(f.default))
     elif ann.split(" | ")[0] in ("int", "float"):
         kw["type"] = {"int": int, "float": float}[ann.split(" | ")[0]]
+    elif ann not in ("str", "str | None"):  # a new kind of field must say how it parses
+        raise TypeError(f"config field {f.name}: no flag type for annotation {ann!r}")
     return kw
 
 
