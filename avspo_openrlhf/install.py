@@ -13,7 +13,10 @@ listed in :func:`_replacements` and applied only by :func:`installed`:
   every Ray worker of ``--backend cpu`` for that process's life (:func:`install_cpu_worker`) and
   by CPU tests in a ``with`` block. Never on a GPU machine.
 
-``tests/test_openrlhf_surface.py`` checks that every replaced attribute still exists in OpenRLHF.
+On a machine without ``flash_attn``/``vllm``, ``cpu/compat.py`` registers stand-in modules for the
+missing packages (it adds modules that do not exist; it replaces nothing).
+``tests/test_openrlhf_surface.py`` checks that every replaced attribute still exists in OpenRLHF,
+that leaving :func:`installed` restores it, and that no other module of the package patches.
 """
 
 from __future__ import annotations
