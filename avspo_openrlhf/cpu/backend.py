@@ -244,13 +244,13 @@ def _pin_and_report(args, engines, groups, train_cores: list[int]) -> None:
 
 
 def train_cpu(args) -> None:
-    """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags)."""
+    """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags); ``args``
+    as ``avspo-train`` validated them (:func:`validate_cpu_args` included)."""
     from openrlhf.trainer.ray.launcher import RayActorGroup
     from openrlhf.utils import get_strategy
 
     from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
 
-    validate_cpu_args(args)
     init_ray()
     strategy = get_strategy(args)
     model = args.actor.model_name_or_path

@@ -59,12 +59,6 @@ def calibrate(rows: list[dict], skip: int = 1, tail_sigma: float = 0.0, engines:
     )
 
 
-def mean_phases(rows: list[dict], skip: int = 1) -> dict:
-    use = rows[skip:] if len(rows) > skip else rows
-    ph = [phase_times(r) for r in use]
-    return {k: statistics.fmean(p[k] for p in ph) for k in ("gen", "train", "sync")}
-
-
 def measured_timeline(rows: list[dict]) -> tuple[list[dict], list[tuple[str, str, float, float]]]:
     """Steps and (lane, phase, start, end) spans of a measured run, in the simulator's shape
     (times relative to the first generation's start)."""

@@ -2,7 +2,7 @@
 
     avspo-simulate --from-metrics runs/sync/report/metrics.jsonl --queue-size 1 2 4
     avspo-simulate --phase-times 30 20 2 --queue-size 1 2 --max-staleness 1 --tail-sigma 0.5
-    avspo-simulate --cluster launch_scripts/async/qwen2.5-math-1.5b_8gpu.csv --queue-size 1 2
+    avspo-simulate --cluster experiments/async_throughput/cluster_qwen2.5-math-1.5b.csv --queue-size 1 2
 
 Phase times come from a measured run (``timing/*`` in its metrics.jsonl; best from a sync run on the
 split you plan, where nothing overlaps) or are given in seconds. See docs/async.md for the model.
@@ -15,6 +15,7 @@ import csv
 import json
 import statistics
 import sys
+from collections import Counter
 
 from .calibrate import calibrate, load_rows
 from .pipeline import Dist, PipelineConfig, Workload, ideal_speedup, lock_bound_speedup, simulate
@@ -39,11 +40,12 @@ def predict(workload: Workload, cfgs: list[PipelineConfig], steps: int = 200, se
     for cfg in cfgs:
         runs = [simulate(workload, cfg, steps, seed).summary() for seed in range(seeds)]
         row = {k: statistics.fmean(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], (int, float))}
-        hist: dict[int, int] = {}
-        for r in runs:
-            for k, v in r["staleness_hist"].items():
-                hist[k] = hist.get(k, 0) + v
-        row.update(mode=cfg.label, staleness_hist=hist, staleness_max=max(r["staleness_max"] for r in runs))
+        hist = sum((Counter(r["staleness_hist"]) for r in runs), Counter())
+        row.update(
+            mode=cfg.label,
+            staleness_hist=dict(sorted(hist.items())),
+            staleness_max=max(r["staleness_max"] for r in runs),
+        )
         rows.append(row)
     base = next(r for r in rows if r["mode"] == "sync")["step_s"]
     tg, tt, ts = workload.gen.mean, workload.train.mean, workload.sync.mean

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 
 from avspo_openrlhf.algo import FIX_GROUPS, STD_CONVENTIONS, VIRTUAL_STRATEGIES
+from avspo_openrlhf.algo.controller import ALARMS
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES
 
 
@@ -117,7 +118,7 @@ class MonitorConfig:
         (),
         "Alarms that save a checkpoint and stop the run.",
         nargs="+",
-        choices=["any", "acr_stall", "acr_volatility", "entropy_collapse", "kl_drift"],
+        choices=["any", *ALARMS],
     )
 
 
@@ -260,8 +261,6 @@ def settings(args) -> Settings:
                          for f in fields(cls) if f.name in have})  # fmt: skip
     return Settings(**out)
 
-
-STOP_ALARMS = ("acr_stall", "acr_volatility", "entropy_collapse", "kl_drift")
 
 # --reward.remote_url avspo:NAME -> the installed reward file's absolute path (configs and launch
 # scripts do not depend on the working directory or on where the package is installed)

@@ -31,10 +31,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from avspo_openrlhf.sim import (  # fmt: skip  # noqa: E501
+from avspo_openrlhf.sim import (
     PipelineConfig,
     calibrate,
     ideal_speedup,
@@ -44,7 +45,6 @@ from avspo_openrlhf.sim import (  # fmt: skip  # noqa: E501
     simulate,
     summarize,
 )
-from avspo_openrlhf.sim.calibrate import mean_phases
 from avspo_openrlhf.sim.plots import plot_curves, plot_gantt, plot_staleness, plot_throughput
 
 HERE = Path(__file__).resolve().parent
@@ -126,7 +126,8 @@ def measure(run: Path) -> dict:
     n = statistics.fmean(r.get("rollout/num_samples", 0.0) for r in rows)
     toks = n * statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in rows)
     s = summarize(steps, spans, n, toks, warmup=1)
-    s["phases"] = mean_phases(rows)
+    w = calibrate(rows, skip=1)
+    s["phases"] = {"gen": w.gen.mean, "train": w.train.mean, "sync": w.sync.mean}
     s["phases"]["lock_wait"] = statistics.fmean(r.get("async/sync_lock_wait_s", 0.0) for r in rows[1:] or rows)
     s["reward"] = [(r["step"], r.get("rollout/reward_mean", 0.0)) for r in rows]
     s["acr"] = [(r["step"], r.get("acr", 0.0)) for r in rows]
@@ -134,7 +135,7 @@ def measure(run: Path) -> dict:
     binding = run / "report" / "cpu_binding.json"
     s["cpu_binding"] = json.loads(binding.read_text()) if binding.exists() else None
     s["timeline"] = {"steps": steps, "spans": spans}
-    s["_rows"] = rows  # for the simulator's calibration (left out of results.json)
+    s["_workload"], s["_n_steps"] = w, len(rows)  # the simulator's inputs (left out of results.json)
     return s
 
 
@@ -157,9 +158,9 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
                 r["efficiency"] = r["speedup"] / r["ideal"]
                 # (a) what a user can do before trying async: calibrate on the sync run of the same split;
                 # (b) the pipeline model alone: calibrate on this mode's own phase times
-                n_steps = len(m["_rows"])  # same length as measured: the pipeline's fill-up counts alike
-                for key, rows_ in (("", base["_rows"]), ("own_", m["_rows"])):
-                    sims = [simulate(calibrate(rows_, skip=1), MODES[mode][3], n_steps, s).summary() for s in range(5)]
+                n_steps = m["_n_steps"]  # same length as measured: the pipeline's fill-up counts alike
+                for key, w in (("", base["_workload"]), ("own_", m["_workload"])):
+                    sims = [simulate(w, MODES[mode][3], n_steps, s).summary() for s in range(5)]
                     r[f"{key}predicted_step_s"] = statistics.fmean(x["step_s"] for x in sims)
                     r[f"{key}predicted_staleness_mean"] = statistics.fmean(x["staleness_mean"] for x in sims)
                     # + : the simulator predicts a higher throughput than measured
@@ -167,10 +168,7 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
                 r["predicted_speedup"] = base["step_s"] / r["predicted_step_s"]
             per.append(r)
         agg = {k: statistics.fmean(p[k] for p in per) for k in per[0] if all(k in p for p in per)}
-        hist: dict[int, int] = {}
-        for m in seeds.values():
-            for k, v in m["staleness_hist"].items():
-                hist[int(k)] = hist.get(int(k), 0) + v
+        hist = sum((Counter(m["staleness_hist"]) for m in seeds.values()), Counter())
         agg.update(mode=mode, seeds=sorted(seeds), staleness_hist=dict(sorted(hist.items())),
                    reward_mean=statistics.fmean(v for m in seeds.values() for _, v in m["reward"]),
                    acr_mean=statistics.fmean(v for m in seeds.values() for _, v in m["acr"]),
