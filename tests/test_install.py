@@ -3,6 +3,7 @@ with, the real vLLM (not a stand-in), DeepSpeed on the CPU accelerator, and an a
 that needs nothing but torch."""
 
 import importlib.metadata as md
+import json
 import os
 import subprocess
 import sys
@@ -99,3 +100,73 @@ def test_cpu_dtype_auto_picks_bf16_only_where_the_cpu_has_it(tmp_path):
     assert resolve_cpu_dtype("bf16", str(zen3)) == "bf16"  # an explicit choice is kept
     with pytest.raises(ValueError, match="CPU dtype"):
         resolve_cpu_dtype("fp16")
+
+
+def _fake_cpu(tmp_path, monkeypatch, native_bf16: bool):
+    """Point the dtype module at a /proc/cpuinfo of the other kind of CPU (or of this kind)."""
+    from avspo_openrlhf.cpu import dtype
+
+    flags = "fpu sse2 avx avx2 fma avx512f" + (" avx512_bf16 amx_bf16" if native_bf16 else "")
+    fake = tmp_path / f"cpuinfo_{'bf16' if native_bf16 else 'avx2'}"
+    fake.write_text(f"processor\t: 0\nmodel name\t: Fake EPYC\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(dtype, "CPUINFO", str(fake))
+    assert dtype.cpu_has_native_bf16() == native_bf16
+    return dtype
+
+
+def _model_folder(tmp_path, stored: str) -> str:
+    folder = tmp_path / f"model_{stored}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": stored}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_auto_never_narrows_weights_stored_in_fp32(tmp_path, monkeypatch, native_bf16):
+    """auto follows the stored weights: a model the CPU trainer saved in fp32 is never run in bf16
+    (that rounding erased the quickstart's learning on a native-bf16 EPYC); bf16-stored weights run
+    in bf16 only where the CPU has it."""
+    dtype = _fake_cpu(tmp_path, monkeypatch, native_bf16)
+    fp32_model, bf16_model = _model_folder(tmp_path, "float32"), _model_folder(tmp_path, "bfloat16")
+    assert dtype.stored_dtype(fp32_model) == "fp32" and dtype.stored_dtype(bf16_model) == "bf16"
+    assert dtype.stored_dtype(_model_folder(tmp_path, "float16")) == "fp32"  # fp16 is exact in fp32, not bf16
+    assert dtype.stored_dtype("Qwen/Qwen2.5-Math-1.5B") is None  # a hub id: the hardware decides
+    assert dtype.resolve_cpu_dtype("auto", model=fp32_model) == "fp32"
+    assert dtype.resolve_cpu_dtype("auto", model=bf16_model) == ("bf16" if native_bf16 else "fp32")
+    assert dtype.resolve_cpu_dtype("bf16", model=fp32_model) == "bf16"  # an explicit choice is kept
+    assert "weights stored in fp32" in dtype.describe_cpu_dtype("auto", "fp32", model=fp32_model)
+    assert dtype.cpu_kind().startswith("Fake EPYC") and dtype.cpu_kind().endswith(
+        "native bf16" if native_bf16 else "no native bf16"
+    )
+    # avspo-eval --cpu-dtype auto on a trained fp32 checkpoint: fp32 engine, named in the footer
+    from avspo_openrlhf.evaluation.generators import cpu_engine_dtype
+    from avspo_openrlhf.evaluation.runner import markdown_table
+
+    engine_dtype, precision = cpu_engine_dtype(fp32_model, "auto")
+    assert engine_dtype == "float32" and precision.startswith("fp32 (auto: weights stored in fp32)")
+    assert cpu_engine_dtype(bf16_model, "auto")[0] == ("bfloat16" if native_bf16 else "float32")
+    table = markdown_table({"arith": {"pass@1": 0.5}}, "n=2", "final", precision)
+    assert "weights in fp32 (auto: weights stored in fp32), vllm-cpu" in table.splitlines()[-1]
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_every_quickstart_stage_gets_fp32_on_either_cpu_kind(tmp_path, monkeypatch, native_bf16):
+    """The embedded default runs the rollout engine, the policy, the reference and both evaluations
+    in fp32 whether or not the CPU has native bf16, resolved by the code each stage runs: avspo-train's
+    own validation (engine and DeepSpeed dtype) and avspo-eval's generator."""
+    from avspo_openrlhf.cli.train import run
+    from avspo_openrlhf.cpu import quickstart as qs
+    from avspo_openrlhf.evaluation import cli as eval_cli
+    from avspo_openrlhf.evaluation.generators import cpu_engine_dtype
+
+    dtype = _fake_cpu(tmp_path, monkeypatch, native_bf16)
+    base = _model_folder(tmp_path, "bfloat16")  # SmolLM2 is prepared in bf16: auto would pick bf16 here
+    assert dtype.resolve_cpu_dtype("auto", model=base) == ("bf16" if native_bf16 else "fp32")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    qargs = qs.build_parser().parse_args([])
+    args = run(qs.train_flags(qargs, base, str(data), tmp_path / "run"), dry_run=True)
+    assert args.cpu.dtype == "fp32" and args.ds.param_dtype == "fp32"  # engine, policy and reference
+    for model in (base, str(tmp_path / "run" / "final")):  # before and after training
+        eargs = eval_cli.build_parser().parse_args(qs.eval_flags(qargs, model, str(data), tmp_path / "eval"))
+        assert eargs.backend == "vllm-cpu" and cpu_engine_dtype(eargs.model, eargs.cpu_dtype)[0] == "float32", model

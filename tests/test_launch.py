@@ -85,8 +85,9 @@ def test_sbatch_starts_head_and_workers_waits_trains_and_tears_down(tmp_path, no
     assert len(head) == 1 and "node=gpu0]" in head[0]
     base = 10000 + (31337 % 200) * 256  # ports from the job id
     assert f"--port={base}" in head[0] and f"--dashboard-port={base + 1}" in head[0]
-    for c in starts:  # SLURM's counts, the job's port block, --block, the chosen IP
+    for c in starts:  # SLURM's counts, the job's port block, --block, the chosen IP, token auth
         assert "--num-gpus=8" in c and "--num-cpus=32" in c and "--block" in c and "--node-ip-address=10.0.0.1" in c
+        assert "[auth=token token_file=600]" in c
         assert f"--min-worker-port={base + 16}" in c and f"--max-worker-port={base + 255}" in c
     workers = [c for c in starts if "--head" not in c]
     assert sorted(re.search(r"node=(\S+)]", c).group(1) for c in workers) == [f"gpu{i}" for i in range(1, nodes)]
@@ -165,9 +166,10 @@ def test_dry_run_prints_everything_and_runs_nothing(tmp_path):
 
 def test_launchers_refuse_a_key_on_the_command_line(tmp_path):
     for script in ("submit.sh", "run_local.sh"):
-        r = subprocess.run(["bash", str(SLURM / script), "qwen2.5-math-1.5b_avspo", "--dry-run", "--",
-                            "--logger.wandb.key", "abc"], capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert r.returncode == 2 and "WANDB_API_KEY" in r.stderr and "abc" not in r.stderr
+        for flag in ("--logger.wandb.key", "--logger.wandb.ke", "--logger.wandb.k"):  # prefixes too
+            r = subprocess.run(["bash", str(SLURM / script), "qwen2.5-math-1.5b_avspo", "--dry-run", "--",
+                                flag, "sk-abc"], capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert r.returncode == 2 and "WANDB_API_KEY" in r.stderr and "sk-abc" not in r.stdout + r.stderr, flag
     r = subprocess.run(["bash", str(SLURM / "submit.sh"), "no-such-config"], capture_output=True, text=True)
     assert r.returncode == 2 and "qwen2.5-math-1.5b_avspo" in r.stderr  # lists the known names
 

@@ -61,6 +61,16 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
         (["--backend", "cpu", "--cpu.engine_cores", "9999"], "not available"),
         (["--backend", "cpu", "--cpu.train_cores", "x-1"], "cpulist"),
         (["--train.partial_rollout_enable"], "requires --train.async_enable"),  # OpenRLHF's own assertion
+        # values no run can mean: accepted by --dry-run before, then a crash after Ray or nonsense
+        (["--acr.ema_decay", "2"], "--acr.ema_decay must be in [0, 1), got 2"),
+        (["--actor.adam.lr", "-1"], "--actor.adam.lr must be > 0"),
+        (["--rollout.temperature", "-1"], "--rollout.temperature must be >= 0"),
+        (["--rollout.max_new_tokens", "0"], "--rollout.max_new_tokens must be >= 1"),
+        (["--train.batch_size", "15"], "multiple of --rollout.n_samples_per_prompt 8"),
+        (["--ckpt.max_num", "0"], "--ckpt.max_num must be >= 1"),
+        (["--ckpt.save_steps", "0"], "--ckpt.save_steps must be -1 (never) or >= 1"),
+        (["--train.async_enable", "--train.async_queue_size", "0"], "--train.async_queue_size must be >= 1"),
+        (["--acr.volatility_window", "1"], "--acr.volatility_window must be >= 2"),
     ],
 )
 def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
@@ -70,6 +80,30 @@ def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("avspo-train: error: ") and msg in err[0], err
+
+
+@pytest.mark.parametrize(
+    "flags", [["--avspo.tau_i", "0.3"], ["--logger.wandb.ke", "sk-secret"], ["--actor.adam.l", "1"]]
+)
+def test_a_flag_prefix_is_refused_not_taken_for_the_flag(flags, capsys):
+    """argparse would take `--avspo.tau_i 0.3` for --avspo.tau_init without a word."""
+    with pytest.raises(SystemExit) as exc:
+        parse(*flags)
+    assert exc.value.code == 2 and f"unrecognized arguments: {flags[0]}" in capsys.readouterr().err
+
+
+def test_our_command_line_tools_refuse_flag_prefixes():
+    from avspo_openrlhf.cpu import models, quickstart
+    from avspo_openrlhf.data import cli as data_cli
+    from avspo_openrlhf.evaluation import cli as eval_cli
+    from avspo_openrlhf.sim import cli as sim_cli
+
+    for build, argv in [(quickstart.build_parser, ["--st", "3"]), (eval_cli.build_parser, ["--model", "m", "--temp", "1"]),
+                        (sim_cli.build_parser, ["--see", "1"]), (data_cli.build_parser, ["arithmetic", "--se", "1"])]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            build().parse_args(argv)
+    with pytest.raises(SystemExit):  # would prepare the model into the folder given to "--out"
+        models.main(["tiny", "--out", "unused"])
 
 
 def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():

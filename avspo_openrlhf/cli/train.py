@@ -35,6 +35,8 @@ from types import SimpleNamespace
 
 from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, take_stopped_marker
 from avspo_openrlhf.cli.preflight import PreflightError, preflight
+from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
+from avspo_openrlhf.ray_auth import enable_token_auth
 from avspo_openrlhf.redaction import move_wandb_key_to_env, redact
 from avspo_openrlhf.trainer import config
 
@@ -123,6 +125,8 @@ def _fail(message: str):
 def extend_parser(parser: argparse.ArgumentParser) -> None:
     """Our flags and conventions on OpenRLHF's parser."""
     parser.prog = "avspo-train"
+    # a prefix must not pass for a flag: `--avspo.tau_i 0.3` would silently set --avspo.tau_init
+    parser.allow_abbrev = False
     parser.description = parser.description or DESCRIPTION
     parser.fromfile_prefix_chars = "@"  # avspo-train @config.args: a config is a command line
     parser.convert_arg_line_to_args = config_file_words
@@ -192,12 +196,15 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
 
 
 def _run(argv: list[str], dry_run: bool):
+    enable_token_auth()  # before parse() imports OpenRLHF and with it Ray, which reads the mode once
     args, dry = parse(argv)
     if dry or dry_run:
         return args, True
     try:  # before Ray, vLLM and DeepSpeed start
         preflight(args)
-    except PreflightError as e:
+        for folder in dict.fromkeys(d for d in (args.ckpt.path, args.report.dir) if d):
+            lock_folder(folder, "avspo-train")  # one training per run folder, held until exit
+    except (PreflightError, FolderBusy) as e:
         _fail(str(e))
     if threading.current_thread() is threading.main_thread():
         install_interrupt_handler(args)

@@ -25,7 +25,7 @@ import os
 import ray
 
 from avspo_openrlhf.cpu.cores import binding, cpulist, pin_process, resolve_split
-from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, resolve_cpu_dtype
+from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, describe_cpu_dtype, resolve_cpu_dtype
 
 CPU_ENV = {
     "DS_ACCELERATOR": "cpu",
@@ -112,6 +112,7 @@ class CPUEngine(_engine_base()):
     async def load_weights(self, state: dict, version: int) -> None:
         """Weight sync: the trainer's HF-named tensors into the engine (``reload_weights``)."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(state.items())})
+        self.llm.reset_prefix_cache()  # cached prompt KV was computed with the old weights
         self.version = int(version)
 
     async def get_version(self) -> int:
@@ -120,6 +121,10 @@ class CPUEngine(_engine_base()):
     async def get_cpu_binding(self) -> dict:
         return self.cpu_binding
 
+    async def get_dtype(self) -> str:
+        """The dtype the engine's weights are held in (read back for ``precision.json``)."""
+        return str(self.llm.llm_engine.model_config.dtype).removeprefix("torch.")
+
     async def greedy_ids(self, prompt: str, max_tokens: int = 16) -> list[int]:
         """Greedy token ids for a prompt (checks that generation after a sync uses the new weights)."""
         from vllm import SamplingParams
@@ -127,9 +132,21 @@ class CPUEngine(_engine_base()):
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
         return list(self.llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids)
 
-    # OpenRLHF calls these around weight sync / sleep mode; nothing to do on CPU
+    async def logprobs(self, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+        """The engine's log-probs of ``completion_ids`` after ``prompt_ids``, teacher-forced (checks
+        that a weight sync reached the engine in a precision that keeps it)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        ids = [*prompt_ids, *completion_ids]
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        return [out.prompt_logprobs[i][ids[i]].logprob for i in range(len(prompt_ids), len(ids))]
+
     async def reset_prefix_cache(self):
-        return None
+        self.llm.reset_prefix_cache()
+
+    # OpenRLHF calls these around sleep mode; nothing to do on CPU
 
     async def wake_up(self, tags=None):
         return None
@@ -154,6 +171,12 @@ class _Pinnable:
     def pin_cores(self, cores: list[int]) -> dict:
         """Called before the model loads, so DeepSpeed's and torch's threads start on ``cores``."""
         return pin_process(cores)
+
+    def param_dtype(self) -> str:
+        """The dtype the loaded model's weights are held in (read back for ``precision.json``)."""
+        model = getattr(self, "actor", None)  # policy: .actor (OpenRLHF's Actor); reference: .model
+        model = self.model if model is None else model
+        return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 class CPUReferenceModelActor(_Pinnable, _reference_base()):
@@ -186,9 +209,10 @@ def validate_cpu_args(args) -> None:
         print("[avspo] CPU backend: one DeepSpeed actor process (--actor.num_gpus_per_node 1)")
         args.actor.num_nodes, args.actor.num_gpus_per_node = 1, 1
     args.ref.num_nodes, args.ref.num_gpus_per_node = 1, 1
-    dtype = resolve_cpu_dtype(args.cpu.dtype)
+    model = args.actor.model_name_or_path
+    dtype = resolve_cpu_dtype(args.cpu.dtype, model=model)
     if dtype != args.cpu.dtype:
-        print(f"[avspo] CPU backend: --cpu.dtype auto -> {dtype}")
+        print(f"[avspo] CPU backend: --cpu.dtype {describe_cpu_dtype(args.cpu.dtype, dtype, model=model)}")
     # one dtype for the DeepSpeed actors (fp32: bf16 and fp16 both off) and the engine; cuda_shims
     # teaches OpenRLHF's convert_to_torch_dtype the "fp32" name
     args.cpu.dtype = args.ds.param_dtype = dtype
@@ -222,6 +246,9 @@ def init_ray() -> None:
         # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
         num_cpus=max(8, os.cpu_count() or 1),
         include_dashboard=False,
+        # one machine: the agents' HTTP servers on loopback only (every port needs the token that
+        # avspo-train's ray_auth.enable_token_auth set up before Ray was imported)
+        _node_ip_address="127.0.0.1",
         runtime_env={
             "worker_process_setup_hook": "avspo_openrlhf.install.install_cpu_worker",
             "env_vars": CPU_ENV,
@@ -241,6 +268,25 @@ def _pin_and_report(args, engines, groups, train_cores: list[int]) -> None:
         os.makedirs(args.report.dir, exist_ok=True)
         with open(os.path.join(args.report.dir, "cpu_binding.json"), "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
+
+
+def _report_precision(args, engines, actor, ref) -> dict:
+    """The dtype each stage holds its weights in, read back from inside the actors: printed and
+    written to ``<report.dir>/precision.json`` (the quickstart's summary reports it)."""
+    import json
+
+    held = {
+        "rollout engine": ray.get(engines[0].get_dtype.remote()),
+        "policy": ray.get(actor.async_run_method("param_dtype"))[0],
+        "reference": ray.get(ref.async_run_method("param_dtype"))[0] if ref is not None else None,
+        "requested": args.cpu.dtype,
+    }
+    print("[avspo] CPU precision (read back): " + ", ".join(f"{k} {v}" for k, v in held.items() if k != "requested"))
+    if args.report.dir:
+        os.makedirs(args.report.dir, exist_ok=True)
+        with open(os.path.join(args.report.dir, "precision.json"), "w", encoding="utf-8") as f:
+            json.dump(held, f, indent=1)
+    return held
 
 
 def train_cpu(args) -> None:
@@ -288,6 +334,7 @@ def train_cpu(args) -> None:
         refs += ref.async_init_model_from_pretrained(strategy, model)
     ray.get(refs)
     ray.get(actor.async_run_method("set_cpu_engines", engines))
+    _report_precision(args, engines, actor, ref)
     ray.get(trainer.fit.remote())
     from avspo_openrlhf.cli.interrupt import INTERRUPT
 

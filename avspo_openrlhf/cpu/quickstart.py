@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+
+from avspo_openrlhf.cpu.dtype import CPU_DTYPES, cpu_kind
 
 LEVELS = ["add1", "mul1", "add2"]
 
@@ -114,12 +117,34 @@ def _data(out: Path, steps: int, per_step: int, heldout: int, seed: int) -> tupl
     return paths[0], paths[1]
 
 
+def eval_flags(args, model: str, heldout: str, out: Path) -> list[str]:
+    """``avspo-eval`` flags of the before/after evaluations (the same decoding and precision)."""
+    return ["--model", model, "--benchmarks", "arith", "--data", f"arith={heldout}", "--backend", "vllm-cpu",
+            "--n", str(args.eval_n), "--temperature", "0.7", "--max-new-tokens", str(args.max_new_tokens),
+            "--seed", str(args.seed), "--cpu-dtype", args.dtype, "--output", str(out)]  # fmt: skip
+
+
 def _eval(model: str, heldout: str, out: Path, args, log: Path) -> dict:
     if not (out / "summary.json").exists():
-        _run([sys.executable, "-m", "avspo_openrlhf.evaluation.cli", "--model", model, "--benchmarks", "arith",
-              "--data", f"arith={heldout}", "--backend", "vllm-cpu", "--n", str(args.eval_n), "--temperature", "0.7",
-              "--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed), "--output", str(out)], log)  # fmt: skip
+        _run([sys.executable, "-m", "avspo_openrlhf.evaluation.cli", *eval_flags(args, model, heldout, out)], log)
     return json.loads((out / "summary.json").read_text())["benchmarks"]["arith"]
+
+
+def stage_precisions(out: Path) -> dict[str, str]:
+    """The precision each stage ran in, as the stages recorded it: the trainer's
+    ``report/precision.json`` (read back from inside the engine and the DeepSpeed actors) and each
+    evaluation's ``summary.json``."""
+    prec = {}
+    held = out / "report" / "precision.json"
+    if held.exists():
+        h = json.loads(held.read_text())
+        prec["rollout engine"], prec["policy"] = h["rollout engine"], h["policy"]
+        prec["reference"] = h["reference"] or "not loaded (KL coefficient 0)"
+    for stage, folder in [("evaluation before", "eval_before"), ("evaluation after", "eval_after")]:
+        path = out / folder / "summary.json"
+        if path.exists():
+            prec[stage] = json.loads(path.read_text()).get("precision") or "not recorded"
+    return prec
 
 
 def _mid_eval_file(heldout: str, n: int) -> str:
@@ -145,6 +170,7 @@ def train_flags(args, model: str, train: str, out: Path, heldout: str | None = N
         "--rollout.max_new_tokens", str(args.max_new_tokens), "--data.max_len", str(args.max_new_tokens + 128),
         "--rollout.temperature", str(args.temperature), "--actor.adam.lr", str(args.lr), "--actor.lr_warmup_ratio", "0",
         "--algo.kl.init_coef", "0", "--acr.window", "5", "--ds.zero_stage", "2", "--train.seed", str(args.seed),
+        "--cpu.dtype", args.dtype,
         "--ckpt.path", str(out / "ckpt"), "--ckpt.save_steps", str(args.save_steps), "--ckpt.max_num", "1",
         "--ckpt.load_enable", "--ckpt.output_dir", str(out / "final"),
         "--logger.tensorboard_dir", str(out / "tensorboard"), "--report.dir", str(out / "report"), "--report.wandb",
@@ -194,7 +220,8 @@ def _fmt_gain(g) -> str:
     return f"{100 * g[0]:+.1f} [{100 * g[1]:+.1f}, {100 * g[2]:+.1f}]{mark}"
 
 
-def summary_table(before: dict, after: dict, rows: list[dict], wall_s: float, label: str, gains=None) -> str:
+def summary_table(before: dict, after: dict, rows: list[dict], wall_s: float, label: str, gains=None,
+                  precisions: dict[str, str] | None = None) -> str:  # fmt: skip
     from statistics import mean
 
     n, n_problems = before.get("samples_per_problem", "?"), before.get("num_problems", "?")
@@ -228,6 +255,8 @@ def summary_table(before: dict, after: dict, rows: list[dict], wall_s: float, la
             f"| generated / trained samples | {rows[-1].get('dynamic/generated_per_trained_cum', 1.0):.2f} |",
             f"| wall time (this invocation) | {wall_s / 60:.1f} min |",
         ]
+    if precisions:
+        lines += ["", "| stage | precision |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in precisions.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -286,7 +315,7 @@ def plot_heldout(before: dict, after: dict, path: Path, evals: list[dict] | None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="quickstart", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="quickstart", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/quickstart", help="run folder (rerun with the same folder to resume)")
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
     p.add_argument("--steps", type=int, default=8, help="training steps (one pass over the training prompts)")
@@ -319,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eval-steps", type=int, default=4, help="held-out evaluation every N steps during training (0: off)"
     )
+    p.add_argument(
+        "--dtype",
+        choices=CPU_DTYPES,
+        default="fp32",
+        help="precision of every stage: rollout engine, policy, reference, evaluations before/after. fp32 on "
+        "every CPU: 8 steps at lr 1e-5 move a weight by less than one bf16 step, so bf16 weights (in the engine "
+        "during training or in the evaluation after it) round the learning away (+2.8 vs +16.1 points measured, "
+        "same weights). auto/bf16 are there to measure that",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpo", action="store_true", help="plain GRPO (AVSPO off; ACR still measured)")
     p.add_argument("--sync", action="store_true", help="synchronous instead of async rollouts")
@@ -328,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from avspo_openrlhf.cpu.models import prepare
+    from avspo_openrlhf.cpu.models import model_is_complete, prepare
     from avspo_openrlhf.report import read_metrics
 
     t0 = time.time()
@@ -340,7 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         before = _eval(model, heldout, out / "eval_before", args, log)
         final = out / "final"
-        if not (final / "config.json").exists():
+        if final.exists() and not model_is_complete(str(final)):  # killed while saving it
+            print(f"[quickstart] {final} is incomplete (its save was interrupted): removing it; training resumes "
+                  "from the last checkpoint and saves the final model again", flush=True)  # fmt: skip
+            shutil.rmtree(final)
+        if not model_is_complete(str(final)):
             progress = StepProgress(out / "report" / "metrics.jsonl", args.steps)
             _run([sys.executable, "-m", "avspo_openrlhf.cli.train", *train_flags(args, model, train, out, heldout)],
                  log, progress)  # fmt: skip
@@ -354,12 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     rows, evals = read_metrics(str(out / "report" / "metrics.jsonl"))
     label = f"{Path(model).name}, {'GRPO' if args.grpo else 'GRPO + AVSPO'}, {'sync' if args.sync else 'async'}"
     gains = bootstrap_gain(_records(out / "eval_before"), _records(out / "eval_after"), seed=args.seed)
-    table = summary_table(before, after, rows, time.time() - t0, label, gains)
+    precisions = stage_precisions(out)
+    table = summary_table(before, after, rows, time.time() - t0, label, gains, precisions)
     plot_heldout(before, after, out / "report" / "plots" / "heldout_accuracy.png", evals, len(rows) or args.steps)
     (out / "summary.json").write_text(json.dumps({"before": before, "after": after, "gain_ci95": gains,
-                                                  "wall_min": (time.time() - t0) / 60, "steps": len(rows)}, indent=1))  # fmt: skip
+                                                  "wall_min": (time.time() - t0) / 60, "steps": len(rows),
+                                                  "precision": precisions, "cpu": cpu_kind()}, indent=1))  # fmt: skip
     (out / "summary.md").write_text(table, encoding="utf-8")
     print("\n" + table)
+    print(f"CPU: {cpu_kind()}")
     plots = out / "report" / "plots"
     print(f"plots: {plots}/training_curves.png   metrics: {out / 'report' / 'metrics.jsonl'}   "
           f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}   wandb (offline): {out / 'report' / 'wandb'}")  # fmt: skip

@@ -51,11 +51,16 @@ def _common(p: argparse.ArgumentParser, output: bool = True) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="avspo-prepare-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        prog="avspo-prepare-data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("prepare", help="convert a benchmark (from the hub, or a local file in the hub's format)")
+    p = sub.add_parser(
+        "prepare", allow_abbrev=False, help="convert a benchmark (from the hub, or a local file in the hub's format)"
+    )
     p.add_argument(
         "name", choices=sorted(SOURCES), help="; ".join(f"{k}: {v.note} [{v.hub_id}]" for k, v in SOURCES.items())
     )
@@ -65,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="keep only the first N rows")
     _common(p)
 
-    p = sub.add_parser("arithmetic", help="the synthetic arithmetic task (CPU default pipeline)")
+    p = sub.add_parser("arithmetic", allow_abbrev=False, help="the synthetic arithmetic task (CPU default pipeline)")
     p.add_argument("--n", type=int, default=512, help="number of problems")
     p.add_argument(
         "--levels", nargs="+", default=list(ARITH_LEVELS), choices=list(ARITH_LEVELS), help="difficulty levels, cycled"
@@ -73,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed")
     _common(p)
 
-    p = sub.add_parser("level3-proxy", help="PROXY for Level3-500: a seeded draw of MATH-train 'Level 3' problems")
+    p = sub.add_parser(
+        "level3-proxy", allow_abbrev=False, help="PROXY for Level3-500: a seeded draw of MATH-train 'Level 3' problems"
+    )
     p.add_argument("--input", help="MATH train .jsonl (default: download)")
     p.add_argument("--n", type=int, default=500, help="problems to draw")
     p.add_argument("--seed", type=int, default=0, help="random seed")
@@ -81,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "level3-select",
+        allow_abbrev=False,
         help="Level3-500 as in the paper: keep MATH-train problems a selector model solves 30-50%% of the time",
     )
     p.add_argument("--model", required=True, help="selector model path or hub id (paper: Qwen2.5-Math-1.5B)")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES
+from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
 
 from .generators import Decoding, FileGenerator, OracleGenerator, VLLMGenerator
 from .runner import (
@@ -24,6 +25,7 @@ from .runner import (
     find_checkpoints,
     find_data,
     load_benchmark,
+    model_identity,
     plot_steps,
     write_eval_mix,
 )
@@ -33,6 +35,7 @@ DEFAULT_DATA_DIRS = ["data", os.path.join("..", "shared", "data")]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="avspo-eval",
         description="Evaluate a model or a run's checkpoints on MATH-500, GSM8K, Minerva, OlympiadBench, AMC, "
         "AIME24 and MMLU-Pro; prints the paper-layout table. Resumable.",
@@ -68,7 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpu-dtype",
         choices=CPU_DTYPES,
         default="auto",
-        help="vllm-cpu dtype; auto: bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), else fp32",
+        help="vllm-cpu dtype; auto: fp32 for weights stored in fp32/fp16 (config.json; every model the CPU trainer "
+        "saves in fp32), else bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), else fp32. The table "
+        "footer and summary.json name the precision used",
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per engine")
     p.add_argument("--dp", type=int, default=1, help="data-parallel engines (GPU)")
@@ -126,7 +131,14 @@ def _generator(args, model: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        return _main(build_parser().parse_args(argv))
+    except (ValueError, FolderBusy) as e:  # another model's or writer's folder, a bad data row: one line
+        print(f"avspo-eval: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
     if args.greedy:
         args.temperature, args.n = 0.0, 1
     data = _datasets(args)
@@ -145,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.run_dir:
         out = Path(args.output or os.path.join(args.run_dir, "eval"))
+        lock_folder(str(out), "avspo-eval")  # one evaluation per folder: no problem recorded twice
         ckpts = find_checkpoints(args.run_dir)
         if not ckpts:
             raise SystemExit(f"no HF checkpoints under {args.run_dir} (train with --ckpt.save_hf)")
@@ -158,21 +171,28 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[avspo-eval] {label}: done, skipped")
                     rows.append((step, res))
                     continue
-            res = evaluate_model(_generator(args, path), data, dec, step_dir, label=label, **common)
+            res = evaluate_model(_generator(args, path), data, dec, step_dir, label=label,
+                                 identity=model_identity(path), **common)  # fmt: skip
             rows.append((step, res["benchmarks"]))
             print(res["table"])
         plot_steps(rows, out / "accuracy_vs_step.png")
         print(f"[avspo-eval] {len(rows)} checkpoints; plot: {out / 'accuracy_vs_step.png'}")
         return 0
 
+    identity = None
     if args.oracle:
         gen, label = OracleGenerator(), "reference solutions"
     elif args.completions:
         gen, label = FileGenerator(args.completions), Path(args.completions).stem
     else:
         gen, label = _generator(args, args.model), Path(args.model.rstrip("/")).name
-    out = Path(args.output or os.path.join("eval_results", label.replace(" ", "_")))
-    res = evaluate_model(gen, data, dec, out, label=label, **common)
+        identity = model_identity(args.model)
+    default = label.replace(" ", "_")
+    if identity and identity.startswith("blake2b:"):  # runs/a/final and runs/b/final: two folders
+        default += "_" + identity.split(":")[1][:8]
+    out = Path(args.output or os.path.join("eval_results", default))
+    lock_folder(str(out), "avspo-eval")
+    res = evaluate_model(gen, data, dec, out, label=label, identity=identity, **common)
     print(res["table"])
     print(f"[avspo-eval] results in {out}/ (records.jsonl per benchmark, summary.json, table.md)")
     return 0

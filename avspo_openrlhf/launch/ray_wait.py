@@ -65,7 +65,7 @@ def wait(address: str, expected: list[str], gpus_per_node: float, timeout: float
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="ray_wait", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="ray_wait", description=__doc__.split("\n\n")[0])
     p.add_argument("--address", required=True, help="HEAD_IP:PORT of the Ray head (GCS)")
     p.add_argument("--nodes", nargs="+", required=True, help="hostnames that must join (scontrol show hostnames)")
     p.add_argument("--gpus-per-node", type=float, default=0, help="GPUs each node must bring")

@@ -212,7 +212,10 @@ def _print_second_opinion(report: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="avspo-reward-audit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        allow_abbrev=False,
+        prog="avspo-reward-audit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--input", help="rows with 'solution' and 'answer' (reference audit)")

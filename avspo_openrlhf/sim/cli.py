@@ -100,7 +100,7 @@ def predict_cluster(rows: list[dict], queue_sizes, tail_sigma: float, steps: int
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="avspo-simulate", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="avspo-simulate", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-metrics", metavar="PATH", help="calibrate phase times from a run's report/metrics.jsonl")

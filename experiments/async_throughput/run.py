@@ -74,7 +74,7 @@ def _workload_args(a, seed: int, mode: str) -> SimpleNamespace:
     q, _, _, _ = MODES[mode]
     return SimpleNamespace(group_size=a.group_size, prompts_per_step=a.prompts_per_step, max_new_tokens=a.max_new_tokens,
                            temperature=1.0, lr=a.lr, seed=seed, save_steps=10**6, eval_steps=0, tau_init=0.25,
-                           grpo=False, sync=q is None, extra=[])  # fmt: skip
+                           grpo=False, sync=q is None, dtype=a.dtype, extra=[])  # fmt: skip
 
 
 def _model(a, root: Path) -> str:
@@ -263,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ppo-epochs", type=int, default=3, help="--train.max_epochs: passes over each batch; with the "
                    "tiny model 3 make training take about as long as generation on a 1/1 core split")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-5, help="actor learning rate")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="--cpu.dtype of the throughput runs (auto: the machine's fast precision; throughput only). "
+                   "The --learning runs are quickstarts: fp32 in every stage")  # fmt: skip
     p.add_argument("--learning", action="store_true", help="also run held-out accuracy per mode (quickstart runs)")
     p.add_argument(
         "--learning-modes",

@@ -37,6 +37,12 @@ def table(results: dict[int, dict]) -> str:
             f"| **{_fmt(g['all'])}** | " + " | ".join(_fmt(g[lv]) for lv in LEVELS)
             + f" | {100 * r['before']['truncation_rate']:.0f} % → {100 * r['after']['truncation_rate']:.0f} % |"
         )  # fmt: skip
+    # the hardware and the precision of every stage, as the runs recorded them
+    for what in sorted({r.get("cpu", "CPU not recorded") for r in results.values()}):
+        lines.append(f"\nCPU: {what}.")
+    for what in sorted({json.dumps(r.get("precision", {})) for r in results.values()}):
+        stages = json.loads(what)
+        lines.append("Precision: " + ("; ".join(f"{k} {v}" for k, v in stages.items()) or "not recorded") + ".")
     return "\n".join(lines) + "\n"
 
 

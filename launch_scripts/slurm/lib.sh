@@ -45,7 +45,10 @@ avspo_refuse_secret_flags() {
   local a
   for a in "$@"; do
     case "$a" in
-      --logger.wandb.key | --logger.wandb.key=* | --*api_key* | --*_token | --*_token=* | --*secret* | --*password*)
+      # a prefix of the key flag too (--logger.wandb.ke): avspo-train refuses abbreviations, but
+      # only after the value has been on this command line and the printed sbatch line
+      --logger.wandb.k | --logger.wandb.k=* | --logger.wandb.ke | --logger.wandb.ke=* | \
+        --logger.wandb.key | --logger.wandb.key=* | --*api_key* | --*_token | --*_token=* | --*secret* | --*password*)
         avspo_die "'${a%%=*}' on a command line is visible to every user of the cluster (ps, sacct); export WANDB_API_KEY (or the token's environment variable) instead" ;;
     esac
   done
