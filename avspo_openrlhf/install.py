@@ -5,8 +5,10 @@ parsing patches nothing (``cli/train.py: openrlhf_args``). Two kinds of replacem
 listed in :func:`_replacements` and applied only by :func:`installed`:
 
 - ``trainers``: OpenRLHF's ``train(args)`` imports its trainer class at call time
-  (``openrlhf.trainer.ppo_trainer.PPOTrainer`` or ``ppo_trainer_async.PPOTrainerAsync``), so
-  ``avspo-train --backend gpu`` puts ours there for the duration of that call.
+  (``openrlhf.trainer.ppo_trainer.PPOTrainer`` or ``ppo_trainer_async.PPOTrainerAsync``) and
+  builds its DeepSpeed strategy with ``train_ppo_ray.get_strategy``, so ``avspo-train --backend
+  gpu`` puts ours there (the crash-safe checkpoints of ``trainer/checkpoint.py``) for the
+  duration of that call.
 - ``cpu``: the CUDA-only calls on OpenRLHF's DeepSpeed actor path (the device mesh,
   ``torch.cuda.set_device``/``synchronize``/``current_device``, the replay buffer's ``cuda:N``
   device, the ``fp32`` dtype name); the replacements are in ``cpu/cuda_shims.py``. Applied in
@@ -28,13 +30,17 @@ from unittest import mock
 def _replacements(*, trainers: bool, cpu: bool) -> list:
     out = []
     if trainers:
+        from openrlhf.cli import train_ppo_ray
         from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 
+        from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
         from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
 
         out += [
             mock.patch.object(ppo_trainer, "PPOTrainer", AVSPOPPOTrainer),
             mock.patch.object(ppo_trainer_async, "PPOTrainerAsync", AVSPOPPOTrainerAsync),
+            # imported at the module's top, called in train(args): checkpoints that survive a kill
+            mock.patch.object(train_ppo_ray, "get_strategy", crash_safe_strategy),
         ]
     if cpu:
         from avspo_openrlhf.cpu.cuda_shims import cpu_replacements

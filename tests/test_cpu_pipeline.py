@@ -195,6 +195,31 @@ def _replay_threshold(rows, tau_init=0.2):
         assert th.tau == pytest.approx(r["tau_adapt"])
 
 
+def test_sigterm_at_the_last_step_tells_the_truth(assets, tmp_path):
+    """SIGTERM (docker stop, systemd, plain kill) is Ctrl-C: the run either checkpoints and exits
+    130, or, when the request came after the last step's check, finishes with its final model and
+    exits 0; never "stopped after a checkpoint" with neither written."""
+    flags = _flags(assets, tmp_path, "--run.max_steps", "2", "--ckpt.save_steps", "100")
+    cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    metrics = tmp_path / "report" / "metrics.jsonl"
+    deadline = time.time() + 400
+    while time.time() < deadline and proc.poll() is None and len(read_metrics(str(metrics))[0]) < 2:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signal.SIGTERM)  # to the driver alone, as `kill PID` does
+    out, _ = proc.communicate(timeout=300)
+    assert "SIGTERM: saving a checkpoint after the current step" in out, out[-3000:]
+    if proc.returncode == 130:  # the trainer saw it at step 2: a checkpoint of that step, no final model
+        assert "stopped after a checkpoint" in out
+        assert (tmp_path / "ckpt" / "_actor" / "global_step2" / "AVSPO_COMPLETE").exists()
+    else:
+        assert proc.returncode == 0, out[-3000:]
+        assert "the run finished and saved its final model" in out
+        assert model_is_complete(str(tmp_path / "final"))
+        assert not (tmp_path / "ckpt" / "STOP").exists()  # would stop the next run at its first step
+
+
 def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
     flags = _flags(assets, tmp_path, "--train.async_enable", "--ckpt.load_enable", "--ckpt.save_steps", "100")
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]

@@ -54,7 +54,7 @@ def test_replaced_attributes_exist_and_are_restored():
     from avspo_openrlhf.install import _replacements, installed
 
     patches = _replacements(trainers=True, cpu=True)
-    assert len(patches) == 8
+    assert len(patches) == 9
     before = [getattr(p.getter(), p.attribute) for p in patches]
     with installed(trainers=True, cpu=True):
         inside = [getattr(p.getter(), p.attribute) for p in patches]

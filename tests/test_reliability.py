@@ -156,3 +156,137 @@ def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
         err.close()
+
+
+# ── checkpoints that survive a kill ──
+
+
+def _ckpt_actor(args, model):
+    import socket
+
+    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
+
+    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    actor = PolicyModelActor.__ray_actor_class__(1, 0, "127.0.0.1", port)
+    actor.init_model_from_pretrained(crash_safe_strategy(args), model, max_steps=8)
+    return actor
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_checkpoint_loses_nothing_at_max_num_1(tmp_path, monkeypatch, capsys):
+    """OpenRLHF deleted the old checkpoint before writing the new one: kill -9 mid-save with
+    --ckpt.max_num 1 (the quickstart's) left none, and 'latest' named a deleted folder."""
+    import copy
+
+    from orl import parse
+
+    from avspo_openrlhf.cli.preflight import PreflightError, check_checkpoints
+    from avspo_openrlhf.cpu.tiny import build_tiny_model
+    from avspo_openrlhf.install import installed
+    from avspo_openrlhf.trainer.checkpoint import COMPLETE
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    model = build_tiny_model(str(tmp_path / "tiny"))
+    ckpt = tmp_path / "ckpt"
+    args = parse("--actor.model_name_or_path", model, "--ds.zero_stage", "2", "--ds.attn_implementation", "eager",
+                 "--backend", "cpu", "--cpu.dtype", "fp32", "--ckpt.path", str(ckpt), "--ckpt.max_num", "1",
+                 "--rollout.n_samples_per_prompt", "4", "--train.batch_size", "8", "--train.micro_batch_size", "4",
+                 base=["--reward.remote_url", "r.py", "--actor.num_gpus_per_node", "1",
+                       "--algo.advantage.estimator", "group_norm"])  # fmt: skip
+    d = ckpt / "_actor"
+
+    def tags():
+        return sorted(p.name for p in d.iterdir() if p.is_dir())
+
+    with installed(cpu=True):
+        actor = _ckpt_actor(args, model)
+        for step in (1, 2):
+            actor.save_checkpoint(f"global_step{step}", client_states={"global_step": step})
+        assert tags() == ["global_step2"] and (d / "latest").read_text() == "global_step2"
+        assert (d / "global_step2" / COMPLETE).exists()
+
+        engine = actor.actor.model
+
+        def killed(save_dir, tag=None, **kw):  # DeepSpeed wrote part of the folder, then SIGKILL
+            os.makedirs(os.path.join(save_dir, tag), exist_ok=True)
+            with open(os.path.join(save_dir, tag, "mp_rank_00_model_states.pt"), "wb") as f:
+                f.write(b"torn")
+            raise SystemExit("killed")  # nothing after this point of the save runs
+
+        engine.save_checkpoint = killed
+        with pytest.raises(SystemExit):
+            actor.save_checkpoint("global_step3", client_states={"global_step": 3})
+        del engine.save_checkpoint
+        assert tags() == ["global_step2", "global_step3"] and (d / "latest").read_text() == "global_step2"
+
+        resume = copy.deepcopy(args)
+        resume.ckpt.load_enable = True
+        check_checkpoints(resume)  # preflight: fine
+        assert _ckpt_actor(resume, model).get_checkpoint_states()["global_step"] == 2
+        # killed while 'latest' was rewritten: the newest complete checkpoint, said in one line
+        (d / "latest").write_text("global_step3")
+        capsys.readouterr()
+        assert _ckpt_actor(resume, model).get_checkpoint_states()["global_step"] == 2
+        assert "resuming from global_step2" in capsys.readouterr().out
+        # the next save completes, then evicts the old and the torn folder
+        actor.save_checkpoint("global_step4", client_states={"global_step": 4})
+        assert tags() == ["global_step4"] and (d / "latest").read_text() == "global_step4"
+    # the first save of a run killed: a torn folder, no 'latest': one line before Ray, what to do
+    (d / "global_step4" / COMPLETE).unlink()
+    (d / "latest").unlink()
+    with pytest.raises(PreflightError, match="none is complete.*delete it to start over"):
+        check_checkpoints(resume)
+
+
+# ── user code under a deadline ──
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("import time\ntime.sleep(600)\ndef reward_func(queries, prompts, labels): pass\n", "no answer after 3 s (importing"),
+        ("def reward_func(queries, prompts, labels):\n    while True: pass\n", "no answer after 3 s (importing it or scoring"),
+        ("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0]}\n", "returned 1 rewards for 2 queries"),
+        ("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0, float('nan')]}\n", "non-finite reward"),
+        ("def reward_func(queries, prompts, labels):\n    return {'rewards': ['yes', 'no']}\n", "must be numbers"),
+    ],
+)  # fmt: skip
+def test_a_reward_file_that_hangs_or_lies_fails_in_one_line_before_ray(tmp_path, monkeypatch, capsys, body, message):
+    from avspo_openrlhf.cli import preflight
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(body)
+    monkeypatch.setattr(preflight, "REWARD_CHECK_TIMEOUT_S", 3.0)
+    t0 = time.monotonic()
+    msg = _fails(capsys, _flags(tmp_path, _rows(tmp_path, GOOD), reward=reward))
+    assert message in msg and time.monotonic() - t0 < 30, msg
+
+
+def test_answer_parsing_is_linear_and_bounded():
+    """Adversarial completions: 30k spaces before a word, 98k characters of unclosed boxes, a
+    5,000-digit integer: each parses in well under a second (they took 7.9 s, 30 s, and raised)."""
+    from avspo_openrlhf.rewards.arith_reward import score_arith
+    from avspo_openrlhf.rewards.extract import all_boxes, last_boxed, response_from_query
+
+    cases = [
+        lambda: response_from_query("Q" + " " * 30_000 + "x", "P"),
+        lambda: last_boxed("\\boxed{" * 14_000),
+        lambda: all_boxes("\\boxed{" * 14_000),
+        lambda: score_arith("the answer is " + "7" * 5_000, "7"),
+        lambda: score_arith("\\boxed{" + "7" * 5_000 + "}", "7"),
+    ]
+    results = []
+    for case in cases:
+        t0 = time.perf_counter()
+        results.append(case())
+        assert time.perf_counter() - t0 < 1.0
+    assert results[0] == "Q" + " " * 30_000 + "x" and results[1] is None and results[2] == []
+    assert results[3] == "unparsable" and results[4] == "unparsable"
+    # the fast paths give the old answers on ordinary text
+    assert last_boxed("so \\boxed{\\frac{1}{2}} and \\boxed{3}") == "3"
+    assert last_boxed("\\boxed{a} then \\boxed{ unclosed") == "a"
+    assert response_from_query("P the answer <|im_end|>  </s>\n", "P") == "the answer"

@@ -4,7 +4,6 @@ line and a non-zero exit, not a traceback inside a Ray actor minutes later."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -73,42 +72,103 @@ def check_model(name: str | None) -> None:
             raise PreflightError(f"--actor.model_name_or_path {name}: no config.json in that folder")
 
 
-def check_reward_file(path: str, row: dict | None, input_key: str, label_key: str | None) -> None:
-    """A ``.py`` reward file imports, has ``reward_func``, and returns ``rewards`` for one sample."""
+# Runs in a child process: a reward file that hangs (at import or on a sample) or eats memory is
+# killed at the deadline instead of hanging avspo-train with no message.
+_REWARD_PROBE = r"""
+import importlib.util, json, math, sys
+path, payload = sys.argv[1], json.loads(sys.stdin.read())
+def done(**kw):
+    print("\nAVSPO_PREFLIGHT " + json.dumps(kw), flush=True)
+    sys.exit(0)
+spec = importlib.util.spec_from_file_location("avspo_preflight_reward", path)
+module = importlib.util.module_from_spec(spec)
+try:
+    spec.loader.exec_module(module)
+except BaseException as e:
+    done(error=f"import failed: {type(e).__name__}: {e}")
+fn = getattr(module, "reward_func", None)
+if not callable(fn):
+    done(error="defines no reward_func(queries, prompts, labels)")
+if payload is None:
+    done(ok=True)
+try:
+    out = fn(**payload)
+except BaseException as e:
+    done(error=f"reward_func failed on the first row: {type(e).__name__}: {e}")
+if not isinstance(out, dict) or "rewards" not in out:
+    done(error=f"reward_func must return a dict with 'rewards', got {type(out).__name__}")
+r = out["rewards"]
+r = r.tolist() if hasattr(r, "tolist") else r
+try:
+    r = [float(x) for x in r]
+except (TypeError, ValueError) as e:
+    done(error=f"reward_func's 'rewards' must be numbers, one per query: {e}")
+n = len(payload["queries"])
+if len(r) != n:
+    done(error=f"reward_func returned {len(r)} rewards for {n} queries (one per query expected)")
+if not all(math.isfinite(x) for x in r):
+    done(error=f"reward_func returned a non-finite reward {r}")
+done(ok=True)
+"""
+REWARD_CHECK_TIMEOUT_S = float(os.environ.get("AVSPO_PREFLIGHT_REWARD_TIMEOUT", "120"))
+
+
+def check_reward_file(path: str, row: dict | None, input_key: str, label_key: str | None,
+                      timeout_s: float | None = None) -> None:  # fmt: skip
+    """A ``.py`` reward file imports, has ``reward_func``, and returns one finite reward per query
+    for two samples of the first row, within ``timeout_s`` (default
+    ``AVSPO_PREFLIGHT_REWARD_TIMEOUT``, 120 s), in a child process that is killed at the deadline."""
+    import subprocess
+
     if not os.path.isfile(path):
         raise PreflightError(f"--reward.remote_url {path}: no such file")
-    spec = importlib.util.spec_from_file_location("avspo_preflight_reward", path)
-    module = importlib.util.module_from_spec(spec)
+    payload = None
+    if row is not None:
+        prompt = row.get(input_key)
+        prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
+        label = row.get(label_key) if label_key else None
+        payload = {"queries": [prompt + " 0", prompt + " 1"], "prompts": [prompt] * 2, "labels": [label] * 2}
+    timeout_s = REWARD_CHECK_TIMEOUT_S if timeout_s is None else timeout_s
+    proc = subprocess.Popen([sys.executable, "-c", _REWARD_PROBE, path], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)  # fmt: skip
     try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - any import failure is the user's to see, in one line
-        raise PreflightError(f"--reward.remote_url {path}: import failed: {type(e).__name__}: {e}") from None
-    fn = getattr(module, "reward_func", None)
-    if not callable(fn):
-        raise PreflightError(f"--reward.remote_url {path}: defines no reward_func(queries, prompts, labels)")
-    if row is None:
-        return
-    prompt = row.get(input_key)
-    prompt = prompt if isinstance(prompt, str) else json.dumps(prompt)
-    label = row.get(label_key) if label_key else None
-    try:
-        out = fn(queries=[prompt + " 0"], prompts=[prompt], labels=[label])
-    except Exception as e:  # noqa: BLE001
+        out, _ = proc.communicate(json.dumps(payload), timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        what = "importing it or scoring the first row" if payload else "importing it"
         raise PreflightError(
-            f"--reward.remote_url {path}: reward_func failed on the first row: {type(e).__name__}: {e}"
+            f"--reward.remote_url {path}: no answer after {timeout_s:.0f} s ({what}); a reward that hangs would "
+            "hang training (raise AVSPO_PREFLIGHT_REWARD_TIMEOUT if it is only slow)"
         ) from None
-    finally:
-        pool = sys.modules.get("avspo_openrlhf.rewards.pool")
-        if pool is not None and getattr(pool, "_default_pool", None) is not None:
-            pool._default_pool.close()  # the trainer's reward actors start their own
-    if not isinstance(out, dict) or "rewards" not in out:
-        raise PreflightError(
-            f"--reward.remote_url {path}: reward_func must return a dict with 'rewards', got {type(out).__name__}"
-        )
+    lines = [ln for ln in out.splitlines() if ln.startswith("AVSPO_PREFLIGHT ")]
+    if not lines:
+        raise PreflightError(f"--reward.remote_url {path}: the check process died (exit {proc.returncode})")
+    result = json.loads(lines[-1].removeprefix("AVSPO_PREFLIGHT "))
+    if "error" in result:
+        raise PreflightError(f"--reward.remote_url {path}: {result['error']}")
+
+
+def check_checkpoints(args) -> None:
+    """A resumed run whose checkpoints are all torn fails here in one line, not in DeepSpeed's
+    bare AssertionError inside a Ray actor (``trainer/checkpoint.py`` picks what to resume)."""
+    ckpt = args.ckpt
+    if not (ckpt.load_enable and ckpt.path):
+        return
+    for role in ("_actor", "_critic"):
+        if os.path.isdir(os.path.join(ckpt.path, role)):
+            from avspo_openrlhf.trainer.checkpoint import IncompleteCheckpoints, resume_tag
+
+            try:
+                resume_tag(os.path.join(ckpt.path, role), say=lambda _msg: None)
+            except IncompleteCheckpoints as e:
+                raise PreflightError(str(e)) from None
 
 
 def preflight(args) -> None:
     """All checks; raises :class:`PreflightError` with one line."""
+    check_checkpoints(args)
     data = args.data
     keys = [data.input_key] + ([data.label_key] if data.label_key else [])
     first = None

@@ -33,7 +33,13 @@ import sys
 import threading
 from types import SimpleNamespace
 
-from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, take_stopped_marker
+from avspo_openrlhf.cli.interrupt import (
+    INTERRUPT,
+    clear_stop_request,
+    install_interrupt_handler,
+    reclaim_sigterm,
+    take_stopped_marker,
+)
 from avspo_openrlhf.cli.preflight import PreflightError, preflight
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
 from avspo_openrlhf.ray_auth import enable_token_auth
@@ -211,7 +217,7 @@ def _run(argv: list[str], dry_run: bool):
     if args.backend == "cpu":
         from avspo_openrlhf.cpu.backend import train_cpu
 
-        train_cpu(args)
+        train_cpu(args, on_ray_started=reclaim_sigterm)
     else:
         from avspo_openrlhf.install import installed
 
@@ -240,10 +246,14 @@ def main(argv: list[str] | None = None) -> int:
     # that wrote the file, e.g. the SLURM preemption handler): exit 130 so the caller can tell
     # "stopped, resume me" from "finished"
     stopped = not dry and take_stopped_marker(args)
-    if INTERRUPT["requested"] or stopped:
+    if stopped:
         print("[avspo] stopped after a checkpoint; rerun the same command with --ckpt.load_enable to resume.",
               file=sys.stderr)  # fmt: skip
         return 130
+    if INTERRUPT["requested"]:  # the request came after the last step's check: the run is complete
+        clear_stop_request(args)
+        print("[avspo] the stop request came after the last step: the run finished and saved its final model.",
+              file=sys.stderr)  # fmt: skip
     if dry:
         print(json.dumps(_to_dict(redact(args)), indent=1, default=str))
     return 0

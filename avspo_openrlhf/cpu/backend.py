@@ -289,16 +289,19 @@ def _report_precision(args, engines, actor, ref) -> dict:
     return held
 
 
-def train_cpu(args) -> None:
+def train_cpu(args, on_ray_started=None) -> None:
     """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags); ``args``
-    as ``avspo-train`` validated them (:func:`validate_cpu_args` included)."""
+    as ``avspo-train`` validated them (:func:`validate_cpu_args` included). ``on_ray_started`` runs
+    right after Ray is up (the driver takes its SIGTERM handler back from Ray there)."""
     from openrlhf.trainer.ray.launcher import RayActorGroup
-    from openrlhf.utils import get_strategy
 
+    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
     from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
 
     init_ray()
-    strategy = get_strategy(args)
+    if on_ray_started is not None:
+        on_ray_started()
+    strategy = crash_safe_strategy(args)
     model = args.actor.model_name_or_path
     engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
     engines = [
@@ -336,7 +339,9 @@ def train_cpu(args) -> None:
     ray.get(actor.async_run_method("set_cpu_engines", engines))
     _report_precision(args, engines, actor, ref)
     ray.get(trainer.fit.remote())
-    from avspo_openrlhf.cli.interrupt import INTERRUPT
+    from avspo_openrlhf.cli.interrupt import trainer_stopped
 
-    if not INTERRUPT["requested"]:  # an interrupted run resumes from its checkpoint instead
+    # a run the trainer stopped (it checkpointed) resumes instead; one that ran to its end saves the
+    # final model even when a stop request came after the last step's check
+    if not trainer_stopped(args):
         ray.get(actor.async_save_model())

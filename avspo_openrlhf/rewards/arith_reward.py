@@ -17,6 +17,7 @@ from avspo_openrlhf.rewards.extract import last_boxed, response_from_query
 
 STATUSES = ("correct", "wrong", "no_answer", "unparsable")
 _INT = re.compile(r"-?\d[\d,]*")
+MAX_DIGITS = 1000  # Python's int() refuses more than 4,300 digits; no answer here has 1,000
 
 
 def arith_answer(response: str) -> tuple[str | None, str | None]:
@@ -25,21 +26,27 @@ def arith_answer(response: str) -> tuple[str | None, str | None]:
     boxed = last_boxed(response)
     if boxed is not None:
         text = boxed.replace(",", "").replace("$", "").strip()
-        if not re.fullmatch(r"-?\d+", text):
+        if not re.fullmatch(r"-?\d+", text) or len(text) > MAX_DIGITS:
             return None, "unparsable"
         return str(int(text)), None
     nums = _INT.findall(response)
     if not nums:
         return None, "no_answer"
-    return str(int(nums[-1].replace(",", ""))), None
+    last = nums[-1].replace(",", "")
+    if len(last) > MAX_DIGITS:
+        return None, "unparsable"
+    return str(int(last)), None
 
 
 def score_arith(response: str, gold: str) -> str:
     pred, status = arith_answer(response)
     if pred is None:
         return status
+    gold = str(gold).strip()
     try:
-        return "correct" if int(pred) == int(str(gold).strip()) else "wrong"
+        if len(gold) > MAX_DIGITS + 1:
+            raise ValueError(gold)
+        return "correct" if int(pred) == int(gold) else "wrong"
     except ValueError:  # a gold answer that is not an integer
         return "unparsable"
 
