@@ -290,3 +290,56 @@ def test_answer_parsing_is_linear_and_bounded():
     assert last_boxed("so \\boxed{\\frac{1}{2}} and \\boxed{3}") == "3"
     assert last_boxed("\\boxed{a} then \\boxed{ unclosed") == "a"
     assert response_from_query("P the answer <|im_end|>  </s>\n", "P") == "the answer"
+
+
+DRIVER = textwrap.dedent(
+    """
+    import json, time, psutil
+    from avspo_openrlhf.ray_auth import enable_token_auth
+    enable_token_auth()
+    from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
+    install_gpu_module_stubs()
+    import ray
+    from avspo_openrlhf.cpu.backend import init_ray
+    init_ray()
+    ray.get(ray.remote(lambda: 1).remote())
+    time.sleep(3)  # the reaper has seen every process
+    kids = [(p.pid, p.create_time(), p.name()) for p in psutil.Process().children(recursive=True)]
+    print("PROBE " + json.dumps(kids), flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_kill_9_of_the_driver_takes_its_ray_processes_with_it(tmp_path):
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=env, cwd=tmp_path)  # fmt: skip
+    try:
+        line = "-"
+        while line and not line.startswith("PROBE "):
+            line = proc.stdout.readline()
+        assert line, "the driver died before it reported its processes"
+        kids = json.loads(line.removeprefix("PROBE "))
+        names = " ".join(n for _, _, n in kids)
+        assert "raylet" in names and "gcs_server" in names
+    finally:
+        proc.kill()  # SIGKILL: no atexit, no Ray shutdown hook
+        proc.wait()
+
+    def alive():
+        out = []
+        for pid, started, name in kids:
+            try:
+                if psutil.Process(pid).create_time() == started:
+                    out.append(name)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    deadline = time.time() + 30
+    while alive() and time.time() < deadline:
+        time.sleep(0.5)
+    assert not alive(), f"outlived the driver: {alive()}"

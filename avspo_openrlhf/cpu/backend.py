@@ -238,6 +238,9 @@ def validate_cpu_args(args) -> None:
         args.cpu.engine_cores, args.cpu.train_cores = cpulist(engine_cores), cpulist(train_cores)
 
 
+_REAPER: list = []  # one watcher per driver process (cpu/reaper.py)
+
+
 def init_ray() -> None:
     if ray.is_initialized():
         return
@@ -254,6 +257,10 @@ def init_ray() -> None:
             "env_vars": CPU_ENV,
         },
     )
+    if not _REAPER:  # kill -9 of this driver must not leave Ray's agents running (ray.init's hooks don't run)
+        from avspo_openrlhf.cpu.reaper import start_reaper
+
+        _REAPER.append(start_reaper())
 
 
 def _pin_and_report(args, engines, groups, train_cores: list[int]) -> None:
