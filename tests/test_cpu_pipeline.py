@@ -98,6 +98,9 @@ def test_sync_run_end_to_end(assets, tmp_path):
     assert (tmp_path / "report" / "plots" / "training_curves.png").stat().st_size > 10_000
     assert list((tmp_path / "tb").rglob("events.out.tfevents*"))
     assert "Traceback" not in log
+    # weights and optimizer state are not readable by other users (the run's umask drops o-rwx)
+    written = [p for p in (tmp_path / "ckpt").rglob("*")] + [p for p in (tmp_path / "final").rglob("*")]
+    assert written and not [p for p in written if p.stat().st_mode & 0o007], "world-accessible files"
 
 
 def test_engine_reload_serves_the_new_weights(assets, tmp_path):

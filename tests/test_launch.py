@@ -147,6 +147,22 @@ def test_preemption_signal_writes_stop_waits_and_requeues(tmp_path):
     _no_ray_left(tmp_path, 2)
 
 
+def test_a_trainer_that_ignores_the_stop_request_is_terminated_and_the_job_requeued(tmp_path):
+    """Under set -e, `[ -n "$GRACE_PID" ] && kill "$GRACE_PID"` failed once the watchdog had
+    exited, so the job failed instead of reaching "requeueing anyway"."""
+    proc = _sbatch(tmp_path, 1, wait=False, FAKE_TRAIN="ignore_stop", AVSPO_STOP_GRACE="2")
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "state" / "training").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=60)
+    calls = _calls(tmp_path)
+    assert "train: terminated" in calls and "scontrol requeue 31337" in calls, out
+    assert "requeueing anyway" in out and proc.returncode == 143
+    _no_ray_left(tmp_path, 1)
+
+
 def test_dry_run_prints_everything_and_runs_nothing(tmp_path):
     env = _env(tmp_path, 1)
     env["PATH"] = os.environ["PATH"]  # no srun/scontrol/sbatch/ray on PATH
@@ -284,3 +300,33 @@ def test_secrets_are_redacted_in_dumps_wandb_config_and_argv(tmp_path, monkeypat
         "input_key": "prompt",
     }
     assert not is_secret("--data.label_key") and is_secret("WANDB_API_KEY") and is_secret("HF_TOKEN")
+
+
+@pytest.mark.parametrize(
+    "by_name, all_addrs, want",
+    [
+        ("127.0.1.1", "192.168.5.7 10.1.1.1 fe80::1", "192.168.5.7"),  # /etc/hosts maps the name to loopback
+        ("10.0.0.9 127.0.0.1", "10.0.0.9", "10.0.0.9"),
+        ("127.0.1.1", "", None),  # only loopback: refuse instead of waiting for 127.x
+    ],
+)  # fmt: skip
+def test_head_ip_is_never_loopback(tmp_path, by_name, all_addrs, want):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "hostname"
+    fake.write_text(f'#!/usr/bin/env bash\ncase "$1" in --ip-address) echo "{by_name}";; --all-ip-addresses) '
+                    f'echo "{all_addrs}";; *) echo node1;; esac\n')  # fmt: skip
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_NODE_IP", "AVSPO_IFACE")}
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    r = subprocess.run(["bash", "-c", f"set -euo pipefail; source {SLURM / 'lib.sh'}; avspo_node_ip"],
+                       capture_output=True, text=True, env=env, timeout=30)  # fmt: skip
+    if want:
+        assert r.returncode == 0 and r.stdout.strip() == want, r.stderr
+    else:
+        assert r.returncode == 2 and "no non-loopback IPv4 address on node1: set RAY_NODE_IP" in r.stderr
+
+
+def test_sbatch_asks_for_the_nodes_memory_with_exclusive():
+    header = [ln for ln in (SLURM / "avspo.sbatch").read_text().splitlines() if ln.startswith("#SBATCH")]
+    assert "#SBATCH --exclusive" in header and "#SBATCH --mem=0" in header  # else: the partition default

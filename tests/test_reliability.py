@@ -343,3 +343,10 @@ def test_kill_9_of_the_driver_takes_its_ray_processes_with_it(tmp_path):
     while alive() and time.time() < deadline:
         time.sleep(0.5)
     assert not alive(), f"outlived the driver: {alive()}"
+
+
+def test_a_non_utf8_byte_is_named_by_file_and_line_before_ray(tmp_path, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_bytes(("\n".join(GOOD[:2]) + "\n").encode() + b'{"prompt": "caf\xe9", "answer": "1"}\n')
+    msg = _fails(capsys, _flags(tmp_path, data))
+    assert f"{data}:3: not UTF-8 (byte 0xe9 at column 16)" in msg, msg

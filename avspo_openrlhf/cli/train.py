@@ -206,6 +206,9 @@ def _run(argv: list[str], dry_run: bool):
     args, dry = parse(argv)
     if dry or dry_run:
         return args, True
+    # checkpoints hold the weights and the optimizer: nothing this run writes (here or in the Ray
+    # processes it starts) is readable by other users; the group keeps what the user's umask gives
+    os.umask(os.umask(0) | 0o007)
     try:  # before Ray, vLLM and DeepSpeed start
         preflight(args)
         for folder in dict.fromkeys(d for d in (args.ckpt.path, args.report.dir) if d):

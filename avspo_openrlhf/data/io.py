@@ -32,19 +32,28 @@ class LoadReport:
 def iter_raw(path: str) -> Iterator[tuple[int, object]]:
     """``(line_number, parsed_row_or_exception)`` for a .jsonl file or a .json list."""
     if path.endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                yield e.lineno, DataError(f"broken JSON ({e.msg})")
-                return
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            yield raw.count(b"\n", 0, e.start) + 1, DataError(f"not UTF-8 (byte 0x{raw[e.start]:02x})")
+            return
+        except json.JSONDecodeError as e:
+            yield e.lineno, DataError(f"broken JSON ({e.msg})")
+            return
         if not isinstance(data, list):
             yield 1, DataError("a .json file must hold a list of rows")
             return
         yield from ((i + 1, row) for i, row in enumerate(data))
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:  # bytes: a non-UTF-8 byte is one bad row, named by its line
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield lineno, DataError(f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                continue
             if not line.strip():
                 continue
             try:

@@ -69,6 +69,7 @@ def run_one(method: str, seed: int, args, out: Path, model: str, train: str, hel
         "generated_per_trained": rows[-1].get("dynamic/generated_per_trained_cum", 1.0),
         "wall_min": wall / 60,
         "reward_last5": statistics.mean(r["rollout/reward_mean"] for r in rows[-5:]),
+        "precision": qs.stage_precisions(run_dir),  # engine/policy read back, evaluation as recorded
     }
     result_file.write_text(json.dumps(res, indent=1))
     return res
@@ -108,6 +109,10 @@ def report(results: list[dict], before: float, out: Path, args) -> str:
             f"{_ms([r['reward_last5'] for r in rs])} | "
             f"{_ms([r['generated_per_trained'] for r in rs], 1, '{:.2f}')} | {_ms([r['wall_min'] for r in rs], 1, '{:.1f}')} |"
         )
+    precisions = {json.dumps(r.get("precision", {}), sort_keys=True) for r in results}
+    for p in sorted(precisions):
+        stages = json.loads(p)
+        lines.append("\nPrecision: " + ("; ".join(f"{k} {v}" for k, v in stages.items()) or "not recorded") + ".")
     table = "\n".join(lines) + "\n"
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -80,9 +80,14 @@ avspo_node_ip() {
     printf '%s\n' "$ip"
     return
   fi
-  # IPv6 addresses and loopback are skipped (verl and NeMo-RL users hit both)
-  hostname --ip-address | tr ' ' '\n' | grep -E '^[0-9]+(\.[0-9]+){3}$' | grep -v '^127\.' | head -n1 \
-    || hostname --ip-address | awk '{ print $1 }'
+  # IPv6 addresses and loopback are skipped (verl and NeMo-RL users hit both): the host name's
+  # addresses, then every interface's (`hostname -I`: /etc/hosts often maps the name to 127.0.1.1).
+  # Never loopback: the launcher would wait for 127.x while Ray registers the host address.
+  local ip
+  ip=$({ hostname --ip-address; hostname --all-ip-addresses; } 2>/dev/null | tr ' ' '\n' \
+    | grep -E '^[0-9]+(\.[0-9]+){3}$' | grep -v '^127\.' | head -n1 || true)
+  [ -n "$ip" ] || avspo_die "no non-loopback IPv4 address on $(hostname): set RAY_NODE_IP or AVSPO_IFACE (e.g. ib0)"
+  printf '%s\n' "$ip"
 }
 
 # Ray's ports for one job: a block of 256 ports from the job id, so two jobs sharing a node never
