@@ -27,20 +27,33 @@ from contextlib import ExitStack, contextmanager
 from unittest import mock
 
 
-def _replacements(*, trainers: bool, cpu: bool) -> list:
+def _strategy_factory(on_ray_started=None):
+    """``train_ppo_ray.get_strategy`` for the duration of ``train(args)``: crash-safe checkpoints;
+    ``train`` calls it right after its ``ray.init``, the moment to run ``on_ray_started`` (the
+    driver takes its SIGTERM handler back from Ray there)."""
+    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
+
+    def get_strategy(args):
+        if on_ray_started is not None:
+            on_ray_started()
+        return crash_safe_strategy(args)
+
+    return get_strategy
+
+
+def _replacements(*, trainers: bool, cpu: bool, on_ray_started=None) -> list:
     out = []
     if trainers:
         from openrlhf.cli import train_ppo_ray
         from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 
-        from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
         from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
 
         out += [
             mock.patch.object(ppo_trainer, "PPOTrainer", AVSPOPPOTrainer),
             mock.patch.object(ppo_trainer_async, "PPOTrainerAsync", AVSPOPPOTrainerAsync),
             # imported at the module's top, called in train(args): checkpoints that survive a kill
-            mock.patch.object(train_ppo_ray, "get_strategy", crash_safe_strategy),
+            mock.patch.object(train_ppo_ray, "get_strategy", _strategy_factory(on_ray_started)),
         ]
     if cpu:
         from avspo_openrlhf.cpu.cuda_shims import cpu_replacements
@@ -50,10 +63,10 @@ def _replacements(*, trainers: bool, cpu: bool) -> list:
 
 
 @contextmanager
-def installed(*, trainers: bool = False, cpu: bool = False):
+def installed(*, trainers: bool = False, cpu: bool = False, on_ray_started=None):
     """Our replacements in place inside the ``with`` block, OpenRLHF's own restored on exit."""
     with ExitStack() as stack:
-        for p in _replacements(trainers=trainers, cpu=cpu):
+        for p in _replacements(trainers=trainers, cpu=cpu, on_ray_started=on_ray_started):
             stack.enter_context(p)
         yield
 

@@ -223,6 +223,51 @@ def test_sigterm_at_the_last_step_tells_the_truth(assets, tmp_path):
         assert not (tmp_path / "ckpt" / "STOP").exists()  # would stop the next run at its first step
 
 
+def test_the_cpu_backend_joins_the_ray_cluster_in_ray_address(assets, tmp_path):
+    """A launcher's Ray cluster (here `ray start --head` with token auth, as avspo.sbatch starts
+    it): the CPU backend joins it instead of failing with a raw Ray traceback."""
+    import secrets
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in ENV.items() if not k.startswith("RAY_")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    start = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=8", "--node-ip-address=127.0.0.1",
+             "--include-dashboard=false", "--disable-usage-stats"]  # fmt: skip
+    r = subprocess.run(start, capture_output=True, text=True, env=env, timeout=180)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    try:
+        flags = _flags(assets, tmp_path, "--run.max_steps", "2")
+        out = subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.train", *flags], capture_output=True,
+                             text=True, timeout=480, env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})  # fmt: skip
+        log = out.stdout + out.stderr
+        assert out.returncode == 0, log[-4000:]
+        assert f"joined the Ray cluster at 127.0.0.1:{port}" in log
+        assert [r["step"] for r in read_metrics(str(tmp_path / "report" / "metrics.jsonl"))[0]] == [1, 2]
+        assert model_is_complete(str(tmp_path / "final"))
+    finally:
+        _stop_cluster(port)
+
+
+def _stop_cluster(port: int) -> None:
+    """This test's Ray cluster only (`ray stop` would stop every Ray of this user on the machine)."""
+    import psutil
+
+    mine = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if f"127.0.0.1:{port}" in cmd or f"gcs_server_port={port}" in cmd:
+            mine.append(p)
+    for p in mine:
+        p.terminate()
+    _, alive = psutil.wait_procs(mine, timeout=15)
+    for p in alive:
+        p.kill()
+
+
 def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
     flags = _flags(assets, tmp_path, "--train.async_enable", "--ckpt.load_enable", "--ckpt.save_steps", "100")
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]

@@ -180,6 +180,15 @@ def test_dry_run_prints_everything_and_runs_nothing(tmp_path):
     assert not (tmp_path / "calls.log").exists()
 
 
+def test_dry_run_works_on_a_login_node_with_scontrol_but_no_allocation(tmp_path):
+    env = _env(tmp_path, 1)  # the fakes' PATH: scontrol is there
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}  # but no job, no node list
+    r = subprocess.run(["bash", str(SLURM / "submit.sh"), "qwen2.5-math-1.5b_avspo", "--nodes", "2", "--dry-run",
+                        "--no-check"], env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "allocation: 2 node(s) [node0 node1]" in r.stdout and "not inside a SLURM allocation" not in r.stderr
+
+
 def test_launchers_refuse_a_key_on_the_command_line(tmp_path):
     for script in ("submit.sh", "run_local.sh"):
         for flag in ("--logger.wandb.key", "--logger.wandb.ke", "--logger.wandb.k"):  # prefixes too

@@ -22,6 +22,7 @@ PRIVATE = {
     "_load_agent_executor": ("trainer/ray/vllm_engine.py", "CPUEngine loads the reward/agent file like RolloutRayActor"),
     "_mm_pad_token_ids": ("trainer/ray/vllm_engine.py", "CPUEngine sets it: RolloutRayActor's generate path reads it"),
     "_partial_rollout": ("trainer/ppo_trainer_async.py", "our TrainingActor.broadcast_to_vllm reads it"),
+    "_read_ckpt_metric": ("utils/deepspeed/deepspeed.py", "CrashSafeStrategy evicts in OpenRLHF's order (metric)"),
 }  # fmt: skip
 
 # attributes of PPOTrainerAsync that OpenRLHF's fit()/get_max_steps() read and our own __init__ sets

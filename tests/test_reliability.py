@@ -350,3 +350,36 @@ def test_a_non_utf8_byte_is_named_by_file_and_line_before_ray(tmp_path, capsys):
     data.write_bytes(("\n".join(GOOD[:2]) + "\n").encode() + b'{"prompt": "caf\xe9", "answer": "1"}\n')
     msg = _fails(capsys, _flags(tmp_path, data))
     assert f"{data}:3: not UTF-8 (byte 0xe9 at column 16)" in msg, msg
+
+
+def test_the_gpu_path_builds_crash_safe_checkpoints_and_takes_sigterm_back():
+    """On --backend gpu, OpenRLHF's train(args) builds the strategy with the module's get_strategy
+    right after its ray.init: ours there gives crash-safe checkpoints and the SIGTERM hand-back."""
+    import ast
+    import inspect
+
+    from openrlhf.cli import train_ppo_ray
+    from orl import parse
+
+    from avspo_openrlhf.install import installed
+    from avspo_openrlhf.trainer.checkpoint import CrashSafeStrategy
+
+    body = ast.parse(inspect.getsource(train_ppo_ray.train)).body[0].body
+    first = [ast.unparse(s) for s in body[:2]]
+    assert first[0].startswith("if not ray.is_initialized():") and first[1] == "strategy = get_strategy(args)", (
+        "OpenRLHF's train() changed where it builds the strategy: re-check install._strategy_factory"
+    )
+    calls = []
+    args = parse()
+    with installed(trainers=True, on_ray_started=lambda: calls.append("ray up")):
+        strategy = train_ppo_ray.get_strategy(args)
+    assert type(strategy) is CrashSafeStrategy and calls == ["ray up"]
+    assert type(train_ppo_ray.get_strategy(args)) is not CrashSafeStrategy  # OpenRLHF's, restored
+
+
+def test_a_missing_relative_model_path_offline_fails_before_ray(tmp_path, monkeypatch, capsys):
+    """`models/final` that does not exist was taken for a hub id: 93 s and a 229-line traceback."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    msg = _fails(capsys, _flags(tmp_path, _rows(tmp_path, GOOD), model="models/final"))
+    assert "models/final: no such local folder, and the hub is offline" in msg

@@ -59,11 +59,28 @@ def check_rows(path: str, keys: list[str], max_report: int = 3) -> dict | None:
     return first
 
 
+def _in_hub_cache(name: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an odd name or an old hub library: not cached
+        return False
+
+
 def check_model(name: str | None) -> None:
     if not name:
         return
     # "org/name" and "gpt2" are hub ids (OpenRLHF downloads them); a path is checked here
     looks_local = name.startswith((".", "/", "~")) or os.path.exists(name) or name.count("/") >= 2
+    offline = any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    if not looks_local and offline and not _in_hub_cache(name):
+        raise PreflightError(
+            f"--actor.model_name_or_path {name}: no such local folder, and the hub is offline (HF_HUB_OFFLINE) with "
+            "no cached copy; give the model's folder (a relative path is taken for a hub id org/name)"
+        )
     if looks_local:
         path = os.path.expanduser(name)
         if not os.path.isdir(path):

@@ -224,7 +224,7 @@ def _run(argv: list[str], dry_run: bool):
     else:
         from avspo_openrlhf.install import installed
 
-        with installed(trainers=True):
+        with installed(trainers=True, on_ray_started=reclaim_sigterm):
             importlib.import_module(OPENRLHF_MAIN).train(args)
     if args.report.dir:
         from avspo_openrlhf.report import plot_run

@@ -245,6 +245,12 @@ def init_ray() -> None:
     if ray.is_initialized():
         return
     os.environ.update({k: v for k, v in CPU_ENV.items() if k not in os.environ})
+    runtime_env = {"worker_process_setup_hook": "avspo_openrlhf.install.install_cpu_worker", "env_vars": CPU_ENV}
+    address = os.environ.get("RAY_ADDRESS")
+    if address:  # a cluster someone started (the SLURM launcher's): its CPUs, its ports, its auth
+        ray.init(address=address, runtime_env=runtime_env)
+        print(f"[avspo] CPU backend: joined the Ray cluster at {address}")
+        return
     ray.init(
         # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
         num_cpus=max(8, os.cpu_count() or 1),
@@ -252,10 +258,7 @@ def init_ray() -> None:
         # one machine: the agents' HTTP servers on loopback only (every port needs the token that
         # avspo-train's ray_auth.enable_token_auth set up before Ray was imported)
         _node_ip_address="127.0.0.1",
-        runtime_env={
-            "worker_process_setup_hook": "avspo_openrlhf.install.install_cpu_worker",
-            "env_vars": CPU_ENV,
-        },
+        runtime_env=runtime_env,
     )
     if not _REAPER:  # kill -9 of this driver must not leave Ray's agents running (ray.init's hooks don't run)
         from avspo_openrlhf.cpu.reaper import start_reaper
