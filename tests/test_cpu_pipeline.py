@@ -266,6 +266,9 @@ def _stop_cluster(port: int) -> None:
     _, alive = psutil.wait_procs(mine, timeout=15)
     for p in alive:
         p.kill()
+    current = Path("/tmp/ray/ray_current_cluster")  # `ray start` wrote it; `ray stop` would remove it
+    if current.exists() and current.read_text().strip().endswith(f":{port}"):
+        current.unlink()
 
 
 def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):

@@ -28,6 +28,7 @@ def local_ray(tmp_path_factory):
     if ray.is_initialized():  # an earlier test's implicit init lacks our worker setup hook
         ray.shutdown()
     ray.init(
+        address="local",  # never a `ray start` cluster that happens to run on this machine
         num_cpus=2,
         include_dashboard=False,
         log_to_driver=False,

@@ -252,6 +252,9 @@ def init_ray() -> None:
         print(f"[avspo] CPU backend: joined the Ray cluster at {address}")
         return
     ray.init(
+        # a new cluster of our own: without "local", ray.init() joins any `ray start` cluster on this
+        # machine (another job's or user's), or fails on the stale address one left behind
+        address="local",
         # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
         num_cpus=max(8, os.cpu_count() or 1),
         include_dashboard=False,
