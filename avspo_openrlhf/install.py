@@ -5,10 +5,11 @@ parsing patches nothing (``cli/train.py: openrlhf_args``). Two kinds of replacem
 listed in :func:`_replacements` and applied only by :func:`installed`:
 
 - ``trainers``: OpenRLHF's ``train(args)`` imports its trainer class at call time
-  (``openrlhf.trainer.ppo_trainer.PPOTrainer`` or ``ppo_trainer_async.PPOTrainerAsync``) and
-  builds its DeepSpeed strategy with ``train_ppo_ray.get_strategy``, so ``avspo-train --backend
-  gpu`` puts ours there (the crash-safe checkpoints of ``trainer/checkpoint.py``) for the
-  duration of that call.
+  (``openrlhf.trainer.ppo_trainer.PPOTrainer`` or ``ppo_trainer_async.PPOTrainerAsync``), builds
+  its DeepSpeed strategy with ``train_ppo_ray.get_strategy`` and its policy actors from
+  ``train_ppo_ray.PolicyModelActor``, so ``avspo-train --backend gpu`` puts ours there (the
+  crash-safe checkpoints of ``trainer/checkpoint.py``, the policy actor's ``token_entropy`` of
+  ``trainer/actors.py``) for the duration of that call.
 - ``cpu``: the CUDA-only calls on OpenRLHF's DeepSpeed actor path (the device mesh,
   ``torch.cuda.set_device``/``synchronize``/``current_device``, the replay buffer's ``cuda:N``
   device, the ``fp32`` dtype name); the replacements are in ``cpu/cuda_shims.py``. Applied in
@@ -47,9 +48,13 @@ def _replacements(*, trainers: bool, cpu: bool, on_ray_started=None) -> list:
         from openrlhf.cli import train_ppo_ray
         from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 
+        from avspo_openrlhf.trainer.actors import AVSPOPolicyModelActor
         from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
 
         out += [
+            # imported at the module's top, used in train(args): a policy actor that also answers
+            # token_entropy (RL-ZVP)
+            mock.patch.object(train_ppo_ray, "PolicyModelActor", AVSPOPolicyModelActor),
             mock.patch.object(ppo_trainer, "PPOTrainer", AVSPOPPOTrainer),
             mock.patch.object(ppo_trainer_async, "PPOTrainerAsync", AVSPOPPOTrainerAsync),
             # imported at the module's top, called in train(args): checkpoints that survive a kill

@@ -22,6 +22,7 @@ PRIVATE = {
     "_load_agent_executor": ("trainer/ray/vllm_engine.py", "CPUEngine loads the reward/agent file like RolloutRayActor"),
     "_mm_pad_token_ids": ("trainer/ray/vllm_engine.py", "CPUEngine sets it: RolloutRayActor's generate path reads it"),
     "_partial_rollout": ("trainer/ppo_trainer_async.py", "our TrainingActor.broadcast_to_vllm reads it"),
+    "_flatten_results": ("trainer/ppo_utils/experience_maker.py", "RL-ZVP gathers the actors' token entropies as make_experience does"),
     "_read_ckpt_metric": ("utils/deepspeed/deepspeed.py", "CrashSafeStrategy evicts in OpenRLHF's order (metric)"),
 }  # fmt: skip
 
@@ -55,7 +56,7 @@ def test_replaced_attributes_exist_and_are_restored():
     from avspo_openrlhf.install import _replacements, installed
 
     patches = _replacements(trainers=True, cpu=True)
-    assert len(patches) == 9
+    assert len(patches) == 10
     before = [getattr(p.getter(), p.attribute) for p in patches]
     with installed(trainers=True, cpu=True):
         inside = [getattr(p.getter(), p.attribute) for p in patches]

@@ -18,6 +18,7 @@ from .advantages import (
     register_estimator,
 )
 from .collapse import DEFAULT_TOL, CollapseStats, check_rewards, collapse_stats, dynamic_sampling_keep_mask
+from .greso import GRESOSelector, prompt_key
 from .monitors import (
     ACR100_FIT_INTERCEPT,
     ACR100_FIT_SLOPE,
@@ -26,6 +27,7 @@ from .monitors import (
     EntropyCollapseMonitor,
     KLDriftMonitor,
 )
+from .rl_zvp import rl_zvp_token_advantages, zero_variance_sign
 from .threshold import AdaptiveThreshold
 from .virtual import VIRTUAL_STRATEGIES, num_virtual, register_virtual_strategy, virtual_rewards
 
@@ -34,6 +36,7 @@ __all__ = [
     "ACR100_FIT_SLOPE",
     "ADVANTAGE_ESTIMATORS",
     "FIX_GROUPS",
+    "GRESOSelector",
     "ACRTracker",
     "AdaptiveThreshold",
     "CollapseStats",
@@ -49,7 +52,10 @@ __all__ = [
     "dynamic_sampling_keep_mask",
     "group_advantages",
     "num_virtual",
+    "prompt_key",
     "register_estimator",
     "register_virtual_strategy",
+    "rl_zvp_token_advantages",
     "virtual_rewards",
+    "zero_variance_sign",
 ]

@@ -1,9 +1,10 @@
-"""Group-relative advantages: GRPO, Dr. GRPO and AVSPO (docs/algorithm.md#advantages).
+"""Group-relative advantages: GRPO, Dr. GRPO, AVSPO and NGRPO (docs/algorithm.md#advantages,
+docs/algorithm.md#ngrpo).
 
     A_i = (r_i - mean(R'_j)) / (std(R'_j) + eps)     for the G real samples of group j
 
 with R'_j = R_j (GRPO) or R_j plus K virtual rewards (AVSPO, collapsed groups while the gate is
-open). Every estimator is a per-group affine map ``A = r * scale_j + offset_j``: a registered
+open) or R_j plus m virtual maximum rewards (NGRPO, every group). Every estimator is a per-group affine map ``A = r * scale_j + offset_j``: a registered
 function returns ``(scale [N], offset [N], info)`` and :func:`group_advantages` applies it in one
 pass over ``[N, G]``. That is why AVSPO costs only a few ``[N]``-sized ops more than GRPO.
 """
@@ -170,6 +171,27 @@ def _avspo(
     return scale, offset, info
 
 
+@register_estimator("ngrpo")
+def _ngrpo(stats: CollapseStats, *, std, eps, correction, tol, reward_range, acr_gate, tau_adapt, num_max=1,
+           gated=False, **_):  # fmt: skip
+    # NGRPO (arXiv 2509.18851): m virtual rewards r_max = hi in every group's mean and std, never in the
+    # loss. Per group an affine map again: R' = R + m copies of hi, i.e. v = mean + (hi - mean) * 1.
+    if gated and not acr_gate > tau_adapt:  # [option] only while AVSPO's gate would be open
+        scale, offset, _ = _grpo(stats, std=std, eps=eps)
+        return scale, offset, {"gate_open": False}
+    g, hi = stats.group_size, float(reward_range[1])
+    m = torch.full_like(stats.mean, float(num_max))
+    mean_aug, std_aug, std_aug_pop = augmented_group_stats(
+        stats.mean, stats.ssd / g, g, int(num_max), hi - stats.mean, m, m, correction
+    )
+    still = std_aug_pop < tol  # all-right groups: R' is constant at hi, the advantages stay 0
+    scale = torch.where(still, torch.zeros_like(std_aug), 1.0 / (std_aug + eps))
+    if eps <= 0:
+        scale = scale.nan_to_num(nan=0.0, posinf=0.0)
+    info = {"gate_open": True, "num_effective_collapsed": int(still.sum())}
+    return scale, -mean_aug * scale, info
+
+
 def group_advantages(
     rewards: torch.Tensor,
     estimator: str = "grpo",
@@ -187,12 +209,14 @@ def group_advantages(
     generator: torch.Generator | None = None,
     fixed_k: int | None = None,
     fix_groups: str = "both",
+    num_max: int = 1,
+    gated: bool = False,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Advantages of the G real samples of each prompt group.
 
     Args:
         rewards: ``[N, G]`` rewards, one row per prompt group (float; NaN/Inf raise ValueError).
-        estimator: ``grpo`` | ``dr_grpo`` | ``avspo`` (see :data:`ADVANTAGE_ESTIMATORS`).
+        estimator: ``grpo`` | ``dr_grpo`` | ``avspo`` | ``ngrpo`` (see :data:`ADVANTAGE_ESTIMATORS`).
         std: ``population`` (divide by G; the paper's) or ``unbiased`` (G - 1; OpenRLHF's
             ``group_norm``). For AVSPO it applies to the augmented group of G + K rewards.
         eps: added to the std in the denominator.
@@ -212,6 +236,8 @@ def group_advantages(
         fix_groups: AVSPO: which collapsed groups get virtual samples: ``both`` (default),
             ``all_wrong`` (and any other constant group below the maximum) or ``all_right``; the
             others keep GRPO's zero advantages (the paper's mechanism-isolation ablation).
+        num_max: NGRPO: virtual samples at the reward maximum ``hi`` in every group (the paper's m = 1).
+        gated: NGRPO: add them only while ``acr_gate > tau_adapt`` (AVSPO's gate); default: always.
 
     Returns:
         ``(advantages [N, G], info)``. ``info`` holds the :class:`CollapseStats` (``stats``), the
@@ -223,6 +249,8 @@ def group_advantages(
         raise ValueError(f"unknown estimator {estimator!r}; choose from {sorted(ADVANTAGE_ESTIMATORS)}")
     if fix_groups not in FIX_GROUPS:
         raise ValueError(f"fix_groups must be one of {FIX_GROUPS}, got {fix_groups!r}")
+    if int(num_max) != num_max or num_max < 1:
+        raise ValueError(f"num_max must be a positive integer, got {num_max!r}")
     if fixed_k is not None and (int(fixed_k) != fixed_k or fixed_k < 1):
         raise ValueError(f"fixed_k must be a positive integer or None, got {fixed_k!r}")
     if std not in STD_CONVENTIONS:
@@ -251,6 +279,7 @@ def group_advantages(
         gamma=gamma,
         generator=generator,
         **({"fixed_k": fixed_k, "fix_groups": fix_groups} if estimator == "avspo" else {}),
+        **({"num_max": num_max, "gated": gated} if estimator == "ngrpo" else {}),
     )
     adv = torch.addcmul(offset[:, None], rewards, scale[:, None])
     num_eff = info.pop("num_effective_collapsed", stats.num_collapsed)

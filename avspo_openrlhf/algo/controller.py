@@ -18,14 +18,21 @@ from .monitors import ACRTracker, EntropyCollapseMonitor, KLDriftMonitor
 from .threshold import AdaptiveThreshold
 
 ALARMS = ("acr_stall", "acr_volatility", "entropy_collapse", "kl_drift")
+# what the controller computes: None = measure only (the trainer's own estimator, e.g. GRPO);
+# rl_zvp also measures only here: its token-level advantages need the policy's entropies, which the
+# trainer adds to OpenRLHF's GRPO advantages (algo/rl_zvp.py)
+ESTIMATORS = ("avspo", "ngrpo", "rl_zvp")
 
 
 class AVSPOController:
-    """ACR monitoring (always) and AVSPO advantages (``enable=True``) for a stream of batches.
+    """ACR monitoring (always) and AVSPO or NGRPO advantages for a stream of batches.
 
     Args:
-        enable: compute AVSPO advantages; otherwise :meth:`step` only measures and returns ``None``
-            (the trainer's own estimator, e.g. GRPO, is used).
+        enable: compute AVSPO advantages (same as ``estimator="avspo"``); otherwise :meth:`step`
+            only measures and returns ``None`` (the trainer's own estimator, e.g. GRPO, is used).
+        estimator: ``avspo`` | ``ngrpo`` (advantages computed here) | ``rl_zvp`` (measured here;
+            every collapsed group counts as effective) | ``None`` (``avspo`` if ``enable``).
+        ngrpo: NGRPO options ``num_max``, ``gated``, ``std``, ``eps`` (see ``group_advantages``).
         gate_view: ``raw`` (correctness, the paper's) or ``shaped``: the view whose ACR feeds
             ACR_gate, the K rule and the threshold. Advantages always use the shaped rewards,
             which are what the policy is trained on.
@@ -43,6 +50,8 @@ class AVSPOController:
         self,
         *,
         enable: bool = False,
+        estimator: str | None = None,
+        ngrpo: dict[str, Any] | None = None,
         gate_view: str = "raw",
         tol: float = DEFAULT_TOL,
         reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
@@ -67,7 +76,12 @@ class AVSPOController:
     ):
         if gate_view not in ("raw", "shaped"):
             raise ValueError(f"gate_view must be 'raw' or 'shaped', got {gate_view!r}")
-        self.enable, self.gate_view = bool(enable), gate_view
+        estimator = estimator or ("avspo" if enable else None)
+        if estimator is not None and estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {ESTIMATORS} or None, got {estimator!r}")
+        self.estimator, self.gate_view = estimator, gate_view
+        self.enable = estimator in ("avspo", "ngrpo")  # advantages come from here
+        self.ngrpo_kwargs = {"num_max": 1, "gated": False, "std": "unbiased", "eps": 1e-6, **(ngrpo or {})}
         self.tol, self.reward_range = float(tol), (float(reward_range[0]), float(reward_range[1]))
         self.adv_kwargs = dict(
             strategy=strategy, alpha=alpha, r_anchor=r_anchor, gamma=gamma, std=std, eps=eps, tol=self.tol,
@@ -105,16 +119,16 @@ class AVSPOController:
 
         adv = None
         num_effective = shaped_stats.num_collapsed  # GRPO-family estimators zero collapsed groups
+        if self.estimator == "rl_zvp":
+            num_effective = 0  # every collapsed group gets entropy-shaped token advantages
         if self.enable:
-            adv, info = group_advantages(
-                shaped,
-                "avspo",
-                reward_range=self.reward_range,
-                acr_gate=self.tracker.acr_gate,
-                tau_adapt=self.threshold.tau,
-                generator=self.generator,
-                **self.adv_kwargs,
-            )
+            common = dict(reward_range=self.reward_range, acr_gate=self.tracker.acr_gate, tau_adapt=self.threshold.tau)
+            if self.estimator == "avspo":
+                adv, info = group_advantages(shaped, "avspo", generator=self.generator, **common, **self.adv_kwargs)
+            else:
+                adv, info = group_advantages(shaped, "ngrpo", tol=self.tol, **common, **self.ngrpo_kwargs)
+                info.update(num_virtual_k=self.ngrpo_kwargs["num_max"], num_virtual=torch.full(
+                    (shaped_stats.num_groups,), self.ngrpo_kwargs["num_max"] if info["gate_open"] else 0))  # fmt: skip
             num_effective = round(info["acr_effective"] * shaped_stats.num_groups)
             nv = info["num_virtual"]
             metrics.update(

@@ -161,6 +161,12 @@ def _policy_base():
     return PolicyModelActor.__ray_actor_class__
 
 
+def _entropy_mixin():
+    from avspo_openrlhf.trainer.actors import TokenEntropyMixin
+
+    return TokenEntropyMixin
+
+
 def _reference_base():
     from openrlhf.trainer.ray.launcher import ReferenceModelActor
 
@@ -183,7 +189,7 @@ class CPUReferenceModelActor(_Pinnable, _reference_base()):
     """OpenRLHF's reference actor, pinnable to the training cores."""
 
 
-class CPUPolicyModelActor(_Pinnable, _policy_base()):
+class CPUPolicyModelActor(_Pinnable, _entropy_mixin(), _policy_base()):
     """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
 
     cpu_engines: list = []

@@ -101,6 +101,63 @@ class AVSPOConfig:
 
 
 @dataclass(frozen=True)
+class NGRPOConfig:
+    """NGRPO advantages (``--ngrpo.*``)."""
+
+    enable: bool = flag(
+        False,
+        "NGRPO (arXiv 2509.18851): --ngrpo.num_max virtual rewards at the reward maximum in every group's mean and std (all-wrong groups get a negative advantage, all-right stay 0). Pair with --actor.eps_clip_low_high 0.16 0.24 for the paper's asymmetric clip. Needs --algo.advantage.estimator group_norm; not with --avspo.enable or --rlzvp.enable.",
+    )
+    num_max: int = flag(1, "Virtual maximum-reward samples per group (the paper's m = 1).", metavar="M")
+    std: str = flag(
+        "unbiased",
+        "Std of the G + M values: unbiased (the paper's and its code's) or population.",
+        choices=sorted(STD_CONVENTIONS),
+    )
+    eps: float = flag(1e-06, "Added to the augmented std (the paper's code: 1e-6).")
+    gated: bool = flag(
+        False,
+        "Add the virtual samples only while AVSPO's gate is open (ACR_gate > tau_adapt, with the --acr.* smoothing and --avspo.tau_* threshold); default: every step, as the paper.",
+    )
+
+
+@dataclass(frozen=True)
+class RLZVPConfig:
+    """RL-ZVP advantages (``--rlzvp.*``)."""
+
+    enable: bool = flag(
+        False,
+        "RL-ZVP (arXiv 2509.21880): on zero-variance groups, token advantages +alpha*H_t (all-right) and -alpha*(max H - H_t) (all-wrong), H_t the policy's token entropy before the update; OpenRLHF's GRPO elsewhere. Needs --algo.advantage.estimator group_norm; not with --avspo.enable or --ngrpo.enable.",
+    )
+    alpha: float = flag(0.1, "Scale of the entropy-shaped advantages (the paper's 0.1).")
+
+
+@dataclass(frozen=True)
+class GRESOConfig:
+    """GRESO pre-rollout skipping (``--greso.*``)."""
+
+    enable: bool = flag(
+        False,
+        "GRESO (arXiv 2506.02177): skip a prompt before rollout with probability 1 - max(p**z, --greso.min_keep), z = its consecutive all-right (p = p_easy) or all-wrong (p = p_hard) rollouts. Composes with --dynamic.std_filter (GRESO as published) and with --avspo.enable.",
+    )
+    p_easy: float = flag(0.5, "Initial base keep-probability of prompts whose recent groups were all right.")
+    p_hard: float = flag(0.5, "Initial base keep-probability of prompts whose recent groups were all wrong.")
+    target_easy: float = flag(
+        1 / 12,
+        "Target share of all-right groups per step: p_easy moves down by --greso.delta at or above it, up below it.",
+    )
+    target_hard: float = flag(1 / 6, "Target share of all-wrong groups per step (moves p_hard the same way).")
+    delta: float = flag(0.01, "Step of the p_easy / p_hard adaptation per training step.")
+    p_bounds: tuple[float, float] = flag((0.05, 0.95), "Clip range of p_easy and p_hard.", metavar=("LO", "HI"))
+    min_keep: float = flag(0.01, "Floor of the keep probability p**z (every prompt keeps some chance).")
+    audit: float = flag(
+        0.0,
+        "Share of skipped prompts rolled out anyway (never trained on; their tokens are counted apart) to measure false skips: skipped prompts whose group would have been mixed.",
+    )
+    seed: int | None = flag(None, "Seed of the skip and audit draws (default: --train.seed).")
+
+
+@dataclass(frozen=True)
 class MonitorConfig:
     """Health monitors (``--monitor.*``)."""
 
@@ -129,6 +186,11 @@ class RunConfig:
     max_steps: int | None = flag(
         None,
         "Stop after this many training steps (the final model is saved as usual); default: one pass over the data.",
+    )
+    max_generated_tokens: int | None = flag(
+        None,
+        "Stop after the step at which the tokens generated for training (filtered groups, refills and GRESO-kept prompts included; evaluation and GRESO audits not) reach this budget: compare remedies at equal generation.",
+        metavar="TOKENS",
     )
 
 
@@ -196,6 +258,9 @@ class BufferConfig:
 GROUPS: dict[str, tuple[str, type]] = {
     "acr": ("ACR monitoring (avspo-openrlhf)", ACRConfig),
     "avspo": ("AVSPO advantages (avspo-openrlhf)", AVSPOConfig),
+    "ngrpo": ("NGRPO advantages (avspo-openrlhf)", NGRPOConfig),
+    "rlzvp": ("RL-ZVP advantages (avspo-openrlhf)", RLZVPConfig),
+    "greso": ("GRESO pre-rollout skipping (avspo-openrlhf)", GRESOConfig),
     "monitor": ("Health monitors (avspo-openrlhf)", MonitorConfig),
     "run": ("Run control (avspo-openrlhf)", RunConfig),
     "dynamic": ("Dynamic sampling (avspo-openrlhf)", DynamicConfig),
@@ -211,6 +276,9 @@ class Settings:
 
     acr: ACRConfig = field(default_factory=ACRConfig)
     avspo: AVSPOConfig = field(default_factory=AVSPOConfig)
+    ngrpo: NGRPOConfig = field(default_factory=NGRPOConfig)
+    rlzvp: RLZVPConfig = field(default_factory=RLZVPConfig)
+    greso: GRESOConfig = field(default_factory=GRESOConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     run: RunConfig = field(default_factory=RunConfig)
     dynamic: DynamicConfig = field(default_factory=DynamicConfig)
@@ -241,8 +309,9 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add our flag groups (``--acr.*``, ``--avspo.*``, ``--monitor.*``, ``--run.*``, ``--dynamic.*``,
-    ``--buffer.*``, ``--report.*``, ``--cpu.*``) to an argparse parser."""
+    """Add our flag groups (``--acr.*``, ``--avspo.*``, ``--ngrpo.*``, ``--rlzvp.*``, ``--greso.*``,
+    ``--monitor.*``, ``--run.*``, ``--dynamic.*``, ``--buffer.*``, ``--report.*``, ``--cpu.*``) to an
+    argparse parser."""
     for ns, flags in FLAGS.items():
         group = parser.add_argument_group(GROUPS[ns][0])
         for name, kwargs in flags:
@@ -348,6 +417,26 @@ def validate(args) -> None:
             print(
                 f"[avspo] --algo.advantage.gamma {args.algo.advantage.gamma} is ignored with group_norm: returns use 1.0"
             )
+    cfg = settings(args)
+    chosen = [f"--{ns}.enable" for ns in ("avspo", "ngrpo", "rlzvp") if getattr(cfg, ns).enable]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)}: choose one advantage remedy")
+    for name in chosen[:1]:
+        if name != "--avspo.enable" and est != "group_norm":
+            raise ValueError(f"{name} needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
+        if name != "--avspo.enable" and n < 2:
+            raise ValueError(f"{name} needs --rollout.n_samples_per_prompt >= 2")
+    if cfg.ngrpo.enable and (cfg.ngrpo.num_max < 1 or cfg.ngrpo.eps < 0):
+        raise ValueError("--ngrpo.num_max must be >= 1 and --ngrpo.eps >= 0")
+    if cfg.rlzvp.enable and not cfg.rlzvp.alpha > 0:
+        raise ValueError(f"--rlzvp.alpha must be > 0, got {cfg.rlzvp.alpha}")
+    if cfg.greso.enable:
+        if n < 2:
+            raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
+        build_greso(args)  # its own checks (p within bounds, shares in [0, 1]) as one line
+    budget = cfg.run.max_generated_tokens
+    if budget is not None and budget < 1:
+        raise ValueError(f"--run.max_generated_tokens must be >= 1, got {budget}")
     if args.dynamic.std_filter:
         if args.algo.dynamic_filtering_enable:
             raise ValueError("use either --dynamic.std_filter or --algo.dynamic_filtering_enable, not both")
@@ -394,8 +483,25 @@ def build_controller(args):
         **by_name(cfg.monitor, AVSPOController),
     }
     kw["tracker"] = by_name(cfg.acr, ACRTracker)
+    kw["estimator"] = next(
+        (ns for ns in ("avspo", "ngrpo", "rl_zvp") if getattr(cfg, ns.replace("_", "")).enable), None
+    )
+    kw["ngrpo"] = dict(num_max=cfg.ngrpo.num_max, gated=cfg.ngrpo.gated, std=cfg.ngrpo.std, eps=cfg.ngrpo.eps)
     kw["fixed_k"] = cfg.avspo.num_virtual
     kw["seed"] = cfg.avspo.seed if cfg.avspo.seed is not None else getattr(getattr(args, "train", None), "seed", 0)
     if cfg.monitor.disable_entropy:
         kw["entropy_threshold"] = None
     return AVSPOController(**kw)
+
+
+def build_greso(args):
+    """The :class:`~avspo_openrlhf.algo.greso.GRESOSelector` that ``--greso.*`` describe (its
+    collapse test is ``--acr.tol`` / ``--acr.reward_range``)."""
+    from avspo_openrlhf.algo.greso import GRESOSelector
+
+    cfg = settings(args)
+    g = cfg.greso
+    seed = g.seed if g.seed is not None else getattr(getattr(args, "train", None), "seed", 0)
+    return GRESOSelector(p_easy=g.p_easy, p_hard=g.p_hard, target_easy=g.target_easy, target_hard=g.target_hard,
+                         delta=g.delta, p_bounds=g.p_bounds, min_keep=g.min_keep, audit=g.audit, seed=seed,
+                         tol=cfg.acr.tol, reward_range=cfg.acr.reward_range)  # fmt: skip

@@ -17,9 +17,9 @@ from openrlhf.models.utils import compute_reward
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker
 from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
-from avspo_openrlhf.algo import collapse_stats
+from avspo_openrlhf.algo import collapse_stats, rl_zvp_token_advantages, zero_variance_sign
 
-from .config import build_controller
+from .config import build_controller, settings
 from .samples import BatchMeta
 
 
@@ -74,6 +74,8 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
             experiences = super().compute_advantages_and_returns(experiences)
             shaped = to_groups([e.rewards for e in experiences], order, n)  # penalised in place
             _, self.last_metrics = self.controller.step(raw, shaped)
+            if self.controller.estimator == "rl_zvp":
+                self.last_metrics.update(self._rl_zvp(experiences, shaped, order, sizes))
             self.last_metrics.update(self._by_level(group_datasources, raw, shaped, None))
             return experiences
 
@@ -103,6 +105,44 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
         e.info["return"] = reward.sum(dim=-1)
         e.kl = None
 
+    def _rl_zvp(self, experiences, shaped: torch.Tensor, order: torch.Tensor, sizes: list[int]) -> dict[str, float]:
+        """RL-ZVP: OpenRLHF's GRPO advantages (zero on zero-variance groups) plus the entropy-shaped
+        token advantages of algo/rl_zvp.py on the zero-variance groups' responses. The entropies come
+        from one no-grad forward pass of the policy actors over those responses only (the weights that
+        generated them: the paper's pi_theta at the start of the update)."""
+        c, args = self.controller, self.strategy.args
+        n = shaped.shape[1]
+        sign = zero_variance_sign(shaped, c.tol, c.reward_range)
+        signs = from_groups(sign[:, None].expand(-1, n).float(), order, sizes)
+        rows = [s.nonzero().flatten() for s in signs]
+        # OpenRLHF's actor group takes one list entry per experience (at least one per actor): an
+        # experience without zero-variance responses sends a single row whose result is unused
+        send = [r if len(r) else torch.zeros(1, dtype=torch.long) for r in rows]
+        refs = self.actor_model_group.async_run_method_batch(
+            "token_entropy",
+            sequences=[e.sequences[r] for e, r in zip(experiences, send)],
+            action_mask=[e.action_mask[r] for e, r in zip(experiences, send)],
+            attention_mask=[e.attention_mask[r] for e, r in zip(experiences, send)],
+        )
+        entropies = self._flatten_results(refs, args.ds.ring_attn_size * args.ds.tensor_parallel_size)
+        alpha = settings(args).rlzvp.alpha
+        tokens, total, entropy_sum = 0, 0.0, 0.0
+        for e, s, r, h in zip(experiences, signs, rows, entropies):
+            if not len(r):
+                continue
+            mask = e.action_mask[r]
+            extra = rl_zvp_token_advantages(h, mask, s[r].to(torch.int8), alpha).to(e.advantages.dtype)
+            e.advantages[r] += extra
+            e.returns[r] += extra
+            tokens += int(mask.sum())
+            total += float(extra.abs().sum())
+            entropy_sum += float((h * mask).sum())
+        return {
+            "rlzvp/zero_variance_samples": float(sum(len(r) for r in rows)),
+            "rlzvp/token_adv_abs_mean": total / tokens if tokens else 0.0,
+            "rlzvp/entropy_mean": entropy_sum / tokens if tokens else 0.0,
+        }
+
     def _by_level(self, names: list[str] | None, raw: torch.Tensor, shaped: torch.Tensor,
                   adv: torch.Tensor | None) -> dict[str, float]:  # fmt: skip
         """Raw and effective ACR per datasource (e.g. per arithmetic level) when the data has one."""
@@ -111,7 +151,12 @@ class AVSPOExperienceMaker(RemoteExperienceMaker):
         c = self.controller
         raw_c = collapse_stats(raw, c.tol, c.reward_range).collapsed
         # effective: the group's advantages are still all zero (GRPO zeroes every collapsed group)
-        eff = (adv == 0).all(dim=1) if adv is not None else collapse_stats(shaped, c.tol, c.reward_range).collapsed
+        if adv is not None:
+            eff = (adv == 0).all(dim=1)
+        elif c.estimator == "rl_zvp":  # token advantages on every zero-variance group
+            eff = torch.zeros(raw.shape[0], dtype=torch.bool)
+        else:
+            eff = collapse_stats(shaped, c.tol, c.reward_range).collapsed
         out = {}
         for name in sorted(set(names)):
             mask = torch.tensor([x == name for x in names])

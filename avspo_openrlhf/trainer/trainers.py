@@ -90,7 +90,8 @@ class AVSPOTrainerMixin:
         self.controller = self.experience_maker.controller
         self.policy_version = 0  # trainer step whose weights the rollout engines hold
         # cumulative async/dynamic-sampling counters, checkpointed with the controller
-        self.counters = dict(trained_batches=0, dropped_stale_batches=0, requeued_prompts=0, generated=0.0, trained=0)
+        self.counters = dict(trained_batches=0, dropped_stale_batches=0, requeued_prompts=0, generated=0.0, trained=0,
+                             generated_tokens=0.0)  # fmt: skip
         self._idle_s = 0.0
         self._lock_wait_s = 0.0  # this step's wait for the engine lock before its weight sync (async)
         self.stop_reason = ""  # set when --monitor.stop_on_alarm fires
@@ -136,6 +137,11 @@ class AVSPOTrainerMixin:
             c["generated"] += meta.gen_cost_sum
             extra["dynamic/generated_per_trained"] = meta.gen_cost_mean
             extra["dynamic/generated_per_trained_cum"] = c["generated"] / c["trained"]
+        if meta.gen_tokens_sum is not None:  # the budget remedies are compared at (docs/algorithm.md#budget)
+            c["generated_tokens"] = c.get("generated_tokens", 0.0) + meta.gen_tokens_sum
+            extra["tokens/generated"] = meta.gen_tokens_sum
+            extra["tokens/generated_cum"] = c["generated_tokens"]
+            extra.update(meta.gen_metrics or {})
         if is_async:
             if meta.gen_idle_s is not None:
                 extra["async/generator_idle_s"] = meta.gen_idle_s
@@ -222,9 +228,12 @@ class AVSPOTrainerMixin:
             logger.warning(f"[avspo] {self.stop_reason}: checkpoint saved in {self.args.ckpt.path}")
             self._request_stop()
             return
-        limit = self.cfg.run.max_steps
+        limit, budget = self.cfg.run.max_steps, self.cfg.run.max_generated_tokens
         if limit is not None and global_step >= limit:
             self.stop_reason = f"--run.max_steps {limit} reached"
+        elif budget is not None and self.counters.get("generated_tokens", 0.0) >= budget:
+            self.stop_reason = f"--run.max_generated_tokens {budget} reached ({self.counters['generated_tokens']:.0f})"
+        if self.stop_reason:
             logger.info(f"[avspo] {self.stop_reason}")
             self._request_stop()
             return
@@ -270,6 +279,8 @@ class _PPOTrainer(AVSPOTrainerMixin, PPOTrainer.__ray_actor_class__):
             vllm_engines=vllm_engines,
             version_fn=lambda: self.policy_version,
         )
+        # OpenRLHF checkpoints the dataloader's state_dict: GRESO's history travels inside it
+        self.prompts_dataloader = self.samples_generator.state_with_extras(self.prompts_dataloader)
 
 
 AVSPOPPOTrainer = ray.remote(_PPOTrainer)
@@ -344,6 +355,7 @@ class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
             requeue_fn=lambda: ray.get(coordinator.take_requeued.remote()),
             stop_fn=lambda: ray.get(coordinator.should_stop.remote()),
         )
+        self.prompts_dataloader = self.samples_generator.state_with_extras(self.prompts_dataloader)
 
 
 class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__):

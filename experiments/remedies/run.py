@@ -1,0 +1,356 @@
+"""Which remedy for advantage collapse? GRPO, AVSPO, DAPO dynamic sampling, NGRPO, GRESO,
+GRESO+AVSPO and RL-ZVP on SmolLM2-135M arithmetic (CPU), at equal generated tokens.
+
+Every run is ``avspo-train --backend cpu`` with the same model, data, decoding, optimizer and seed
+list, stopped by ``--run.max_generated_tokens`` (dynamic sampling spends extra generation per step,
+GRESO saves some: equal steps would be unfair both ways), then one held-out evaluation of its final
+model. Resumable per (method, seed): a finished run leaves ``<method>_seed<k>/result.json``; a run
+killed midway resumes from its checkpoint when the command is repeated. ``--report-only`` rebuilds
+the table, the p-values and the plots from what is there, saying how many seeds each cell holds.
+
+    python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies
+    python experiments/remedies/run.py --out runs/remedies --report-only --publish experiments/remedies/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from avspo_openrlhf.cpu import quickstart as qs
+from avspo_openrlhf.report import read_metrics
+
+# The task mix: at the start ~58 % of SmolLM2-135M's groups (G=8, T=0.7, 32 tokens) collapse, nearly
+# all of them all-wrong (measured per level: add1 25 %, mul1 21 %, add2 88 %, multi 100 %); all-right
+# groups appear as the model learns the answer format (add1, mul1).
+LEVELS = ["add1", "mul1", "add2", "multi"]
+TRAIN_PROMPTS = 32  # 8 per level: a pool revisited every 8 GRPO steps, so GRESO has history to use
+HELDOUT = 300  # x n=4 samples: a 95 % interval of about +-3 points on one run's accuracy
+STUDY = dict(group_size=8, prompts_per_step=4, max_new_tokens=32, temperature=0.7, lr=1e-5, dtype="fp32",
+             eval_n=4, mid_eval_problems=60, eval_steps=6, tau_init=0.5)  # fmt: skip
+TOKEN_BUDGET = 16_000  # about 20 GRPO steps (2.5 passes over the pool) at the start's response length
+
+# the remedies with their published defaults; AVSPO's std/eps set so that with its gate closed it is
+# this study's GRPO (OpenRLHF group_norm: unbiased std + 1e-9) bit for bit
+AVSPO = ["--avspo.enable", "--avspo.std", "unbiased", "--avspo.eps", "1e-9"]
+METHODS = {
+    "GRPO": [],
+    "AVSPO": AVSPO,
+    "DAPO-DS": ["--dynamic.std_filter"],
+    "NGRPO": ["--ngrpo.enable", "--actor.eps_clip_low_high", "0.16", "0.24"],
+    "GRESO": ["--greso.enable", "--greso.audit", "0.1", "--dynamic.std_filter"],
+    "GRESO+AVSPO": ["--greso.enable", "--greso.audit", "0.1", *AVSPO],
+    "RL-ZVP": ["--rlzvp.enable"],
+}
+MIN_SEEDS = {"GRPO": 5, "AVSPO": 5, "DAPO-DS": 5, "NGRPO": 5, "GRESO": 3, "GRESO+AVSPO": 3, "RL-ZVP": 3}
+BASELINES = ("GRPO", "DAPO-DS")
+
+
+def make_data(out: Path) -> tuple[str, str]:
+    """The training pool and the held-out set, the same for every method and seed."""
+    from avspo_openrlhf.data.io import write_jsonl
+    from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, n, seed in [("train", TRAIN_PROMPTS, 0), ("heldout", HELDOUT, 1000)]:
+        rows = synthetic_arithmetic(n, LEVELS, seed=seed)
+        for r in rows:
+            r["prompt"] = make_prompt(r["problem"], "user")
+        write_jsonl(rows, str(out / f"{name}.jsonl"))
+        paths.append(str(out / f"{name}.jsonl"))
+    return paths[0], paths[1]
+
+
+def study_args(method: str, seed: int, budget: int) -> argparse.Namespace:
+    extra = [*METHODS[method], "--run.max_generated_tokens", str(budget), "--train.num_episodes", "50"]
+    return qs.build_parser().parse_args(
+        [
+            "--grpo",
+            "--seed",
+            str(seed),
+            "--save-steps",
+            "8",
+            *[f"--{k.replace('_', '-')}={v}" for k, v in STUDY.items()],
+            "--",
+            *extra,
+        ]  # fmt: skip
+    )
+
+
+def run_one(method: str, seed: int, out: Path, model: str, train: str, heldout: str, budget: int) -> dict:
+    run_dir = out / f"{method}_seed{seed}"
+    result_file = run_dir / "result.json"
+    if result_file.exists():
+        return json.loads(result_file.read_text())
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args = study_args(method, seed, budget)
+    resumed = (run_dir / "ckpt").exists()
+    t0 = time.time()
+    if not (run_dir / "final" / "config.json").exists():
+        qs._run([sys.executable, "-m", "avspo_openrlhf.cli.train", *qs.train_flags(args, model, train, run_dir, heldout)],
+                run_dir / "log.txt")  # fmt: skip
+    train_s = time.time() - t0
+    after = qs._eval(str(run_dir / "final"), heldout, run_dir / "eval_after", args, run_dir / "log.txt")
+    rows, evals = read_metrics(str(run_dir / "report" / "metrics.jsonl"))
+    start = rows[0].get("timeline/gen_start", t0)
+    last = rows[-1]
+    res = {
+        "method": method,
+        "seed": seed,
+        "steps": len(rows),
+        "heldout_pass1": after["pass@1"],
+        "heldout_by_level": after.get("pass@1_by_level", {}),
+        "per_problem": {
+            r["unique_id"]: sum(r["correct"]) / len(r["correct"]) for r in qs._records(run_dir / "eval_after")
+        },
+        "generated_tokens": last.get("tokens/generated_cum", 0.0),
+        "trained_samples": len(rows) * STUDY["group_size"] * STUDY["prompts_per_step"],
+        "generated_per_trained": last.get("dynamic/generated_per_trained_cum", 1.0),
+        "acr_raw": statistics.mean(r["acr"] for r in rows),
+        "acr_effective": statistics.mean(r["acr_effective"] for r in rows),
+        "acr_start": statistics.mean(r["acr"] for r in rows[:3]),
+        "acr_all_wrong": statistics.mean(r["acr_all_wrong"] for r in rows),
+        "acr_all_right": statistics.mean(r["acr_all_right"] for r in rows),
+        "greso": {k: v for k, v in last.items() if k.startswith("greso/")},
+        "train_wall_min": train_s / 60,
+        "resumed": resumed,  # wall time of a resumed run is not comparable
+        "curve": [
+            {
+                "step": r["step"],
+                "tokens": r.get("tokens/generated_cum", 0.0),
+                "wall_s": r.get("timeline/step_end", start) - start,
+                "reward": r["rollout/reward_mean"],
+                "acr": r["acr"],
+                "acr_effective": r["acr_effective"],
+            }
+            for r in rows
+        ],  # fmt: skip
+        "mid_evals": [{"step": e["step"], "pass1": _mid_pass1(e)} for e in evals if _mid_pass1(e) is not None],
+        "precision": qs.stage_precisions(run_dir),
+        "load_avg": os.getloadavg(),
+    }
+    result_file.write_text(json.dumps(res, indent=1))
+    shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # 1.6 GB per run; the final model stays
+    return res
+
+
+def _mid_pass1(e: dict) -> float | None:
+    per = [v for k, v in e.items() if k.endswith("/pass1")]
+    return sum(per) / len(per) if per else None
+
+
+# ── statistics ──
+
+
+def sign_flip_p(diffs: list[float]) -> float:
+    """Exact two-sided paired permutation test over seeds (all 2^n sign flips of the per-seed
+    differences). With 5 seeds the smallest possible p is 2/32 = 0.0625."""
+    n = len(diffs)
+    if n == 0:
+        return float("nan")
+    obs = abs(sum(diffs))
+    count = 0
+    for mask in range(2**n):
+        s = sum(-d if mask >> i & 1 else d for i, d in enumerate(diffs))
+        count += abs(s) >= obs - 1e-12
+    return count / 2**n
+
+
+def paired_bootstrap(a: list[dict], b: list[dict], n_boot: int = 10_000, seed: int = 0) -> tuple[float, ...]:
+    """Mean accuracy difference a - b over the seeds both hold, with a 95 % interval and a two-sided
+    p-value from a bootstrap that resamples seeds and, within each, held-out problems (paired: the same
+    problems and seed for both methods)."""
+    import numpy as np
+
+    by_seed_b = {r["seed"]: r for r in b}
+    pairs = [(r, by_seed_b[r["seed"]]) for r in a if r["seed"] in by_seed_b]
+    if not pairs:
+        return float("nan"), float("nan"), float("nan"), float("nan")
+    ids = sorted(set(pairs[0][0]["per_problem"]) & set(pairs[0][1]["per_problem"]))
+    d = np.array([[ra["per_problem"][i] - rb["per_problem"][i] for i in ids] for ra, rb in pairs])  # [S, P]
+    rng = np.random.default_rng(seed)
+    s_idx = rng.integers(0, d.shape[0], size=(n_boot, d.shape[0]))
+    p_idx = rng.integers(0, d.shape[1], size=(n_boot, d.shape[1]))
+    boots = np.array([d[s][:, p].mean() for s, p in zip(s_idx, p_idx)])
+    mean = float(d.mean())
+    p = float(min(1.0, 2 * min((boots <= 0).mean(), (boots >= 0).mean())))
+    return mean, float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)), p
+
+
+def compare(results: list[dict], method: str, base: str) -> dict | None:
+    a = [r for r in results if r["method"] == method]
+    b = {r["seed"]: r for r in results if r["method"] == base}
+    diffs = [r["heldout_pass1"] - b[r["seed"]]["heldout_pass1"] for r in a if r["seed"] in b]
+    if method == base or not diffs:
+        return None
+    mean, lo, hi, p_boot = paired_bootstrap(a, list(b.values()))
+    return {
+        "seeds": len(diffs),
+        "diff": mean,
+        "ci95": [lo, hi],
+        "p_bootstrap": p_boot,
+        "p_sign_flip": sign_flip_p(diffs),
+    }
+
+
+def _fmt_cmp(c: dict | None) -> str:
+    if c is None:
+        return "-"
+    return (f"{100 * c['diff']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}], "
+            f"p={c['p_bootstrap']:.3f} / {c['p_sign_flip']:.3f} ({c['seeds']})")  # fmt: skip
+
+
+def _ms(xs, scale=1.0, fmt="{:.1f}") -> str:
+    if not xs:
+        return "-"
+    sd = statistics.stdev(xs) * scale if len(xs) > 1 else float("nan")
+    return f"{fmt.format(statistics.mean(xs) * scale)} ± {fmt.format(sd)}"
+
+
+def report(results: list[dict], before: float, out: Path, budget: int) -> str:
+    methods = [m for m in METHODS if any(r["method"] == m for r in results)]
+    lines = [
+        f"SmolLM2-135M-Instruct, synthetic arithmetic ({'/'.join(LEVELS)}), {TRAIN_PROMPTS} training prompts, G=8, "
+        f"4 prompts/step, T=0.7, 32 new tokens, lr 1e-5, async, fp32; every run stops at the step where its generated "
+        f"tokens reach {budget:,}. Held-out: {HELDOUT} problems x n=4 (T=0.7); before training {100 * before:.1f} %. "
+        "± is the standard deviation over seeds. Differences are paired (same seeds, same problems): mean "
+        "[95 % bootstrap interval over seeds and problems], p = bootstrap / exact sign-flip over seeds (seeds).",
+        "",
+        "| method | seeds (target) | held-out pass@1 (%) | vs GRPO (points) | vs DAPO-DS (points) | steps | generated tokens "
+        "| generated ÷ trained samples | raw ACR (first 3 steps) | raw ACR (trained) | effective ACR | train wall (min) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    summary = {}
+    for m in methods:
+        rs = [r for r in results if r["method"] == m]
+        cmp = {base: compare(results, m, base) for base in BASELINES}
+        summary[m] = {"seeds": sorted(r["seed"] for r in rs), "heldout_pass1": [r["heldout_pass1"] for r in rs],
+                      **{f"vs_{b}": c for b, c in cmp.items()}}  # fmt: skip
+        lines.append(
+            f"| {m} | {len(rs)} ({MIN_SEEDS[m]}) | {_ms([r['heldout_pass1'] for r in rs], 100)} | {_fmt_cmp(cmp['GRPO'])} | "
+            f"{_fmt_cmp(cmp['DAPO-DS'])} | {_ms([r['steps'] for r in rs], 1, '{:.1f}')} | "
+            f"{_ms([r['generated_tokens'] for r in rs], 1, '{:.0f}')} | {_ms([r['generated_per_trained'] for r in rs], 1, '{:.2f}')} | "
+            f"{_ms([r['acr_start'] for r in rs], 1, '{:.2f}')} | {_ms([r['acr_raw'] for r in rs], 1, '{:.2f}')} | "
+            f"{_ms([r['acr_effective'] for r in rs], 1, '{:.2f}')} | {_ms([r['train_wall_min'] for r in rs], 1, '{:.1f}')} |"
+        )
+    greso = [r for r in results if r["greso"]]
+    if greso:
+        lines += ["", "| GRESO run | skipped / visited prompts | audited | false skips (mixed when audited) | p_easy, p_hard at the end |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in greso:
+            g = r["greso"]
+            visited = g.get("greso/skipped_cum", 0) + g.get("greso/kept_cum", 0)
+            lines.append(f"| {r['method']} seed {r['seed']} | {g.get('greso/skipped_cum', 0):.0f} / {visited:.0f} | "
+                         f"{g.get('greso/audited_cum', 0):.0f} | {g.get('greso/false_skips_cum', 0):.0f} | "
+                         f"{g.get('greso/p_easy', float('nan')):.2f}, {g.get('greso/p_hard', float('nan')):.2f} |")  # fmt: skip
+    precisions = sorted({json.dumps(r.get("precision", {}), sort_keys=True) for r in results})
+    for p in precisions:
+        lines.append(
+            "\nPrecision: " + ("; ".join(f"{k} {v}" for k, v in json.loads(p).items()) or "not recorded") + "."
+        )
+    lines.append(f"\nCPU: {qs.cpu_kind()}. Runs resumed after a kill (wall time not comparable): "
+                 f"{sum(r.get('resumed', False) for r in results)}.")  # fmt: skip
+    table = "\n".join(lines) + "\n"
+    (out / "results.md").write_text(table, encoding="utf-8")
+    slim = [{k: v for k, v in r.items() if k != "per_problem"} for r in results]
+    (out / "results.json").write_text(json.dumps({"budget_tokens": budget, "before_pass1": before, "summary": summary,
+                                                  "runs": slim}, indent=1))  # fmt: skip
+    plot(results, before, out / "remedies.png")
+    return table
+
+
+def plot(results: list[dict], before: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [m for m in METHODS if any(r["method"] == m for r in results)]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    for i, m in enumerate(methods):
+        rs = [r for r in results if r["method"] == m]
+        for j, r in enumerate(rs):
+            tok = {c["step"]: c["tokens"] for c in r["curve"]}
+            wall = {c["step"]: c["wall_s"] for c in r["curve"]}
+            pts = [(0, 0, before)] + [
+                (tok.get(e["step"], 0), wall.get(e["step"], 0), e["pass1"]) for e in r["mid_evals"]
+            ]
+            pts.append((r["generated_tokens"], r["curve"][-1]["wall_s"], r["heldout_pass1"]))
+            kw = dict(color=f"C{i}", alpha=0.7, lw=1, label=m if j == 0 else None)
+            axes[0].plot([p[0] for p in pts], [100 * p[2] for p in pts], marker=".", **kw)
+            axes[1].plot([p[1] / 60 for p in pts], [100 * p[2] for p in pts], marker=".", **kw)
+            axes[2].plot([c["tokens"] for c in r["curve"]], [c["reward"] for c in r["curve"]], **kw)
+        ys = [100 * r["heldout_pass1"] for r in rs]
+        axes[3].bar(i, statistics.mean(ys), color=f"C{i}", alpha=0.6)
+        axes[3].scatter([i] * len(ys), ys, color="k", s=10, zorder=3)
+    axes[0].set(xlabel="generated tokens", ylabel="held-out pass@1 (%)",
+                title="held-out vs generated tokens\n(middle points: 60-problem subset, n=2)")  # fmt: skip
+    axes[1].set(
+        xlabel="wall time since the first generation (min)", ylabel="held-out pass@1 (%)", title="held-out vs wall time"
+    )
+    axes[2].set(xlabel="generated tokens", ylabel="mean training reward", title="training reward (trained batches)")
+    axes[3].set_xticks(range(len(methods)), methods, rotation=30)
+    axes[3].set(ylabel="held-out pass@1 (%)", title="final held-out (dots: seeds)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def order(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
+    """Seed-major, so partial results hold complete seeds of every method; the methods that need
+    only 3 seeds stop after seed 2."""
+    return [(m, s) for s in seeds for m in methods if s in seeds[: MIN_SEEDS[m]]]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p.add_argument("--out", default="runs/remedies", help="run folder (rerun to resume)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    p.add_argument("--budget", type=int, default=TOKEN_BUDGET, help="generated tokens per run")
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--report-only", action="store_true", help="tables and plots from the finished runs only")
+    p.add_argument("--publish", help="copy results.md/json and the plot to this folder (the repository's)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    train, heldout = make_data(out / "data")
+    if not args.report_only:
+        from avspo_openrlhf.cpu.models import prepare
+
+        model = prepare(args.model) if args.model in ("smollm2", "tiny") else args.model
+        base = study_args("GRPO", 0, args.budget)
+        qs._eval(model, heldout, out / "eval_before", base, out / "log.txt")
+        todo = order(args.methods, args.seeds)
+        for i, (m, s) in enumerate(todo):
+            print(f"[remedies] {i + 1}/{len(todo)}: {m} seed {s}", flush=True)
+            run_one(m, s, out, model, train, heldout, args.budget)
+    results = [json.loads(f.read_text()) for f in sorted(out.glob("*_seed*/result.json"))]
+    before_summary = out / "eval_before" / "summary.json"
+    before = (
+        json.loads(before_summary.read_text())["benchmarks"]["arith"]["pass@1"] if before_summary.exists() else math.nan
+    )
+    print(report(results, before, out, args.budget))
+    if args.publish:
+        dest = Path(args.publish)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("results.md", "results.json", "remedies.png"):
+            if (out / name).exists():
+                shutil.copy(out / name, dest / name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

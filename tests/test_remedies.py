@@ -1,0 +1,332 @@
+"""The remedies AVSPO is ranked against (docs/algorithm.md#remedies): NGRPO, GRESO and RL-ZVP in
+closed form, their state, their flags, and each one run through `avspo-train --backend cpu`."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+
+import pytest
+import torch
+from test_preflight import GOOD, _fails, _flags, _rows
+
+from avspo_openrlhf.algo import (
+    GRESOSelector,
+    group_advantages,
+    prompt_key,
+    rl_zvp_token_advantages,
+    zero_variance_sign,
+)
+from avspo_openrlhf.algo.controller import AVSPOController
+from avspo_openrlhf.trainer.samples import StateWithExtras
+
+G = 8
+
+
+def _group(k: int, g: int = G) -> list[float]:
+    return [1.0] * k + [0.0] * (g - k)
+
+
+# ── NGRPO ──
+
+
+def test_ngrpo_closed_forms():
+    rewards = torch.tensor([_group(k) for k in (0, 1, 4, 7, 8)])
+    adv, info = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6)
+    # all-right: R' is constant at r_max, nothing to learn: exactly zero, and still collapsed
+    assert adv[4].eq(0).all() and info["acr_effective"] == pytest.approx(1 / 5)
+    # all-wrong: every sample -1/sqrt(G+1) (mean' = 1/9, unbiased std over 9 values = 1/3)
+    assert adv[0] == pytest.approx(torch.full((G,), -1 / math.sqrt(G + 1)), abs=1e-5)
+    # mixed, the values REMEDIES.md quotes for G=8 (a published worked example): k=1, 4, 7
+    for row, (pos, neg) in zip((1, 2, 3), [(1.764, -0.504), (0.843, -1.054), (0.333, -2.667)]):
+        assert adv[row, 0].item() == pytest.approx(pos, abs=1e-3) and adv[row, -1].item() == pytest.approx(
+            neg, abs=1e-3
+        )
+    # every group: the equation itself, mean and unbiased std over the G real rewards plus m r_max
+    for m in (1, 3):
+        adv_m, _ = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6, num_max=m)
+        for r, a in zip(rewards, adv_m):
+            aug = torch.cat([r, torch.ones(m)])
+            if aug.std() < 1e-6:
+                assert a.eq(0).all()
+            else:
+                assert a == pytest.approx((r - aug.mean()) / (aug.std() + 1e-6), abs=1e-5)
+    # population std over G+1 values: all-wrong -1/sqrt(G) instead
+    adv_pop, _ = group_advantages(rewards[:1], "ngrpo", std="population", eps=0.0)
+    assert adv_pop[0, 0].item() == pytest.approx(-1 / math.sqrt(G), abs=1e-6)
+    # non-binary rewards: the virtual sample sits at the range maximum
+    r = torch.tensor([[0.2, 0.2, 0.2, 0.2]])
+    a, _ = group_advantages(r, "ngrpo", std="unbiased", eps=0.0, reward_range=(0.0, 2.0))
+    aug = torch.tensor([0.2, 0.2, 0.2, 0.2, 2.0])
+    assert a[0] == pytest.approx((r[0] - aug.mean()) / aug.std(), abs=1e-6)
+
+
+def test_ngrpo_gated_is_grpo_while_the_gate_is_closed_and_the_controller_runs_it():
+    rewards = torch.tensor([_group(k) for k in (0, 3, 8)])
+    closed, info = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6, acr_gate=0.2, tau_adapt=0.5, gated=True)
+    grpo, _ = group_advantages(rewards, "grpo", std="unbiased", eps=1e-6)
+    assert torch.equal(closed, grpo) and not info["gate_open"]
+    opened, info = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6, acr_gate=0.7, tau_adapt=0.5, gated=True)
+    assert info["gate_open"] and (opened[0] < 0).all()
+
+    c = AVSPOController(estimator="ngrpo")
+    adv, m = c.step(rewards)
+    assert adv is not None and (adv[0] < 0).all() and adv[2].eq(0).all()
+    assert m["gate_open"] == 1.0 and m["num_virtual_k"] == 1.0
+    assert m["acr"] == pytest.approx(2 / 3) and m["acr_effective"] == pytest.approx(1 / 3)  # the all-right group
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        AVSPOController(estimator="ppo")
+    with pytest.raises(ValueError, match="num_max"):
+        group_advantages(rewards, "ngrpo", num_max=0)
+
+
+# ── RL-ZVP ──
+
+
+def test_rl_zvp_signs_and_entropy_scaling_on_a_hand_computed_group():
+    rewards = torch.tensor([_group(0, 4), _group(4, 4), _group(2, 4), [0.5] * 4])
+    assert zero_variance_sign(rewards).tolist() == [-1, 1, 0, -1]  # a constant below the maximum is negative
+
+    h = torch.tensor([[0.5, 1.0, 2.0, 9.0], [0.5, 1.0, 2.0, 9.0], [0.5, 1.0, 2.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]] * 3)  # the 9.0 is padding: neither used nor in the max
+    sign = torch.tensor([1, -1, 0], dtype=torch.int8)
+    a = rl_zvp_token_advantages(h, mask, sign, alpha=0.1)
+    assert a[0].tolist() == pytest.approx([0.05, 0.1, 0.2, 0.0])  # +alpha * H_t
+    assert a[1].tolist() == pytest.approx([-0.15, -0.1, 0.0, 0.0])  # -alpha * (max H - H_t); the max token 0
+    assert a[2].eq(0).all()  # mixed groups keep GRPO's advantage: nothing added
+    assert (a[0] >= 0).all() and (a[1] <= 0).all()
+    with pytest.raises(ValueError, match="do not match"):
+        rl_zvp_token_advantages(h, mask[:, :2], sign)
+    with pytest.raises(ValueError, match="non-finite"):
+        rl_zvp_token_advantages(torch.full((1, 2), float("nan")), torch.ones(1, 2), torch.tensor([1]))
+
+    c = AVSPOController(estimator="rl_zvp")
+    adv, m = c.step(rewards[:3])
+    assert adv is None and m["acr"] == pytest.approx(2 / 3) and m["acr_effective"] == 0.0
+
+
+# ── GRESO ──
+
+
+def test_greso_never_skips_a_prompt_without_history():
+    g = GRESOSelector(p_easy=0.05, p_hard=0.05, seed=0)
+    keys = [prompt_key(f"q{i}") for i in range(200)]
+    skip, audit = g.select(keys)
+    assert not skip.any() and not audit.any() and g.skip_probability(keys).eq(0).all()
+    g.observe(keys[:1], torch.tensor([_group(3)]))  # mixed: z = 0, still never skipped
+    assert g.skip_probability(keys[:1]).item() == 0.0
+
+
+def test_greso_skips_after_k_collapsed_rounds_with_the_stated_probability():
+    p_easy, p_hard = 0.5, 0.3
+    g = GRESOSelector(p_easy=p_easy, p_hard=p_hard, delta=0.0, seed=1)
+    easy, hard = prompt_key("easy"), prompt_key("hard")
+    for k in range(1, 9):
+        g.observe([easy, hard], torch.tensor([_group(G), _group(0)]))
+        prob = g.skip_probability([easy, hard])
+        assert prob[0].item() == pytest.approx(1 - max(p_easy**k, 0.01))
+        assert prob[1].item() == pytest.approx(1 - max(p_hard**k, 0.01))
+    # the draws follow it: z = 2 all-wrong rounds at p_hard 0.3 -> skipped with probability 0.91
+    g2 = GRESOSelector(p_hard=p_hard, delta=0.0, seed=2)
+    keys = [prompt_key(f"h{i}") for i in range(4000)]
+    for _ in range(2):
+        g2.observe(keys, torch.zeros(len(keys), G))
+    skip, _ = g2.select(keys)
+    assert skip.float().mean().item() == pytest.approx(1 - p_hard**2, abs=0.015)
+    # a skipped visit records nothing: z is frozen; a mixed round resets it
+    g2.select(keys)
+    assert g2.skip_probability(keys[:1]).item() == pytest.approx(1 - p_hard**2)
+    g2.observe(keys[:1], torch.tensor([_group(1)]))
+    assert g2.skip_probability(keys[:1]).item() == 0.0
+    g2.observe(keys[:1], torch.tensor([_group(G)]))  # all-right now: z restarts at 1 with p_easy
+    assert g2.skip_probability(keys[:1]).item() == pytest.approx(0.5)
+
+
+def test_greso_adapts_p_toward_the_targets_only_once_prompts_come_back():
+    g = GRESOSelector(p_easy=0.5, p_hard=0.5, target_easy=0.25, target_hard=0.25, delta=0.1, p_bounds=(0.3, 0.7))
+    first = [prompt_key(f"a{i}") for i in range(4)]
+    g.observe(first, torch.tensor([_group(G), _group(G), _group(0), _group(3)]))
+    assert g.p == {"easy": 0.5, "hard": 0.5}  # first visits only: nothing can have been skipped yet
+    # revisited: all-right share 0.5 >= 0.25 -> skip easy more (p down); all-wrong share 0 -> p_hard up
+    g.observe(first, torch.tensor([_group(G), _group(G), _group(2), _group(3)]))
+    assert g.p["easy"] == pytest.approx(0.4) and g.p["hard"] == pytest.approx(0.6)
+    for _ in range(5):
+        g.observe(first, torch.tensor([_group(G), _group(G), _group(2), _group(3)]))
+    assert g.p["easy"] == pytest.approx(0.3) and g.p["hard"] == pytest.approx(0.7)  # clipped to p_bounds
+
+
+def test_greso_audit_counts_false_skips_and_the_state_round_trips():
+    g = GRESOSelector(p_hard=0.05, delta=0.01, audit=0.5, seed=3)
+    keys = [prompt_key(f"p{i}") for i in range(64)]
+    g.observe(keys, torch.zeros(64, G))
+    g.observe(keys, torch.zeros(64, G))
+    skip, audit = g.select(keys)
+    assert skip.any() and audit.any() and not (audit & ~skip).any()  # audited prompts are skipped ones
+    assert g.record_audit(torch.tensor([_group(0), _group(2), _group(G)])) == 1  # only the mixed one
+    m = g.metrics()
+    assert m["greso/false_skips_cum"] == 1 and m["greso/audited_cum"] == int(audit.sum())
+    assert m["greso/skipped_cum"] + m["greso/kept_cum"] == 64
+
+    restored = GRESOSelector(p_hard=0.05, delta=0.01, audit=0.5, seed=99)  # same options, another seed
+    restored.load_state_dict(g.state_dict())
+    assert restored.metrics() == pytest.approx(g.metrics(), nan_ok=True)
+    for _ in range(3):  # the same future: history, p and the random generator all came back
+        a, b = g.select(keys), restored.select(keys)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        g.observe(keys[:5], torch.ones(5, G))
+        restored.observe(keys[:5], torch.ones(5, G))
+    assert torch.equal(g.skip_probability(keys), restored.skip_probability(keys))
+    with pytest.raises(ValueError, match="p_easy"):
+        GRESOSelector(p_easy=0.99)
+
+
+def test_the_dataloader_state_carries_the_greso_state():
+    class Loader:
+        def __init__(self):
+            self.pos = 0
+
+        def state_dict(self):
+            return {"pos": self.pos}
+
+        def load_state_dict(self, s):
+            assert set(s) == {"pos"}  # our extras never reach the real dataloader
+            self.pos = s["pos"]
+
+        def __iter__(self):
+            return iter(range(3))
+
+        def __len__(self):
+            return 3
+
+    g = GRESOSelector(seed=0)
+    g.observe([prompt_key("x")], torch.zeros(1, G))
+    loader = Loader()
+    loader.pos = 7
+    wrapped = StateWithExtras(loader, {"greso": g})
+    state = wrapped.state_dict()
+    fresh_g, fresh = GRESOSelector(seed=5), Loader()
+    StateWithExtras(fresh, {"greso": fresh_g}).load_state_dict(state)
+    assert fresh.pos == 7 and fresh_g.state_dict() == g.state_dict()
+    assert len(wrapped) == 3 and list(wrapped) == [0, 1, 2] and wrapped.pos == 7
+
+
+# ── flags ──
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--avspo.enable", "--ngrpo.enable"], "--avspo.enable and --ngrpo.enable: choose one advantage remedy"),
+        (["--ngrpo.enable", "--rlzvp.enable"], "choose one advantage remedy"),
+        (
+            ["--ngrpo.enable", "--algo.advantage.estimator", "rloo"],
+            "--ngrpo.enable needs --algo.advantage.estimator group_norm",
+        ),
+        (["--rlzvp.enable", "--rlzvp.alpha", "0"], "--rlzvp.alpha must be > 0"),
+        (["--greso.enable", "--greso.p_easy", "0.99"], "p_easy 0.99 must lie within p_bounds"),
+        (["--greso.enable", "--greso.audit", "2"], "audit must be in [0, 1]"),
+        (["--run.max_generated_tokens", "0"], "--run.max_generated_tokens must be >= 1"),
+    ],
+)
+def test_remedy_flags_fail_in_one_line_before_ray(tmp_path, capsys, extra, message):
+    flags = _flags(tmp_path, _rows(tmp_path, GOOD))
+    if "--algo.advantage.estimator" in extra:
+        i = flags.index("--algo.advantage.estimator")
+        flags = flags[:i] + flags[i + 2 :]
+    assert message in _fails(capsys, [*flags, *extra])
+
+
+# ── through avspo-train --backend cpu (tiny model) ──
+
+
+@pytest.fixture(scope="module")
+def cpu_run():
+    pytest.importorskip("vllm")
+    pytest.importorskip("deepspeed")
+    import test_cpu_pipeline as pipeline
+
+    return pipeline
+
+
+def _remedy_flags(pipeline, assets, out, *extra):
+    flags = pipeline._flags(assets, out, *extra)
+    flags.remove("--avspo.enable")
+    return flags
+
+
+@pytest.mark.slow
+def test_ngrpo_and_rl_zvp_train_through_avspo_train(cpu_run, tmp_path_factory):
+    from avspo_openrlhf.report import read_metrics
+
+    assets = _assets(tmp_path_factory)
+    out = tmp_path_factory.mktemp("ngrpo")
+    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--ngrpo.enable", "--actor.eps_clip_low_high", "0.16", "0.24"))
+    rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
+    assert len(rows) == 8 and all(r["gate_open"] == 1.0 and r["num_virtual_k"] == 1.0 for r in rows)
+    # only all-right groups stay collapsed under NGRPO
+    assert all(r["acr_effective"] == pytest.approx(r["acr_shaped_all_right"]) for r in rows)
+    assert any(r["acr_all_wrong"] > 0 for r in rows)
+    assert all(r["tokens/generated"] > 0 for r in rows)
+
+    out = tmp_path_factory.mktemp("rlzvp")
+    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--rlzvp.enable"))
+    rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
+    assert len(rows) == 8 and all(r["acr_effective"] == 0.0 for r in rows)
+    n_samples = 16  # 4 prompts x G=4 per step
+    for r in rows:  # token advantages reached exactly the zero-variance groups' responses
+        assert r["rlzvp/zero_variance_samples"] == pytest.approx(r["acr_shaped"] * n_samples)
+        assert (r["rlzvp/token_adv_abs_mean"] > 0) == (r["acr_shaped"] > 0)
+        if r["acr_shaped"] > 0:
+            assert 0 < r["rlzvp/entropy_mean"] < math.log(200_000)
+
+
+def _assets(tmp_path_factory):
+    from avspo_openrlhf.cpu.tiny import build_tiny_model
+    from avspo_openrlhf.data.io import write_jsonl
+    from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
+
+    root = tmp_path_factory.mktemp("remedies")
+    rows = synthetic_arithmetic(32, ["add1", "add2"], seed=0)
+    for r in rows:
+        r["prompt"] = make_prompt(r["problem"])
+    write_jsonl(rows, str(root / "arith.jsonl"))
+    return {"model": build_tiny_model(str(root / "tiny")), "data": str(root / "arith.jsonl")}
+
+
+@pytest.mark.slow
+def test_greso_with_avspo_skips_stops_at_the_token_budget_and_resumes_its_history(cpu_run, tmp_path_factory):
+    from avspo_openrlhf.report import read_metrics
+
+    assets = _assets(tmp_path_factory)
+    out = tmp_path_factory.mktemp("greso")
+    common = ["--greso.enable", "--greso.audit", "0.5", "--greso.p_hard", "0.05", "--greso.p_easy", "0.05",
+              "--train.num_episodes", "6", "--ckpt.load_enable", "--avspo.enable"]  # fmt: skip
+    # part 1: 10 steps (two passes over the 32 prompts at 4 per step, and two more steps)
+    cpu_run._train(_remedy_flags(cpu_run, assets, out, *common, "--run.max_steps", "10"))
+    first, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
+    assert [r["step"] for r in first] == list(range(1, 11))
+    # part 2: the same run resumed (its checkpoint of step 10) until its tokens reach a budget
+    budget = int(first[-1]["tokens/generated_cum"] + 1200)
+    shutil.rmtree(out / "final")
+    log = cpu_run._train(_remedy_flags(cpu_run, assets, out, *common, "--run.max_generated_tokens", str(budget)))
+    assert "restored ACR/threshold state" in log
+    rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
+    resumed = [r for r in rows if r["step"] > 10]
+    assert resumed, "the resumed run trained no step"
+    # GRESO's history and counters continued (a fresh selector would restart its counts at 0)
+    assert resumed[0]["greso/kept_cum"] > first[-1]["greso/kept_cum"]
+    assert resumed[0]["greso/prompts_tracked"] >= first[-1]["greso/prompts_tracked"]
+    # the token budget: the run stops at the first step that reaches it
+    tokens = [r["tokens/generated_cum"] for r in rows]
+    assert tokens == sorted(tokens) and tokens[-1] >= budget > tokens[-2]
+    # with p = 0.05 every prompt collapsed twice is skipped ~95 % of the time: skips happened, some audited
+    last = rows[-1]
+    assert last["greso/skipped_cum"] > 0 and last["greso/audited_cum"] > 0
+    assert 0 <= last["greso/false_skips_cum"] <= last["greso/audited_cum"]
+    assert last["greso/audit_tokens_cum"] > 0
+    assert (out / "final" / "config.json").exists()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
