@@ -93,3 +93,35 @@ def test_no_patching_outside_install_module():
             continue  # cuda_shims defines the CPU replacements; only install.py applies them
         offenders += [f"{f.relative_to(OURS)}: {m.group(0)}" for m in pattern.finditer(f.read_text(encoding="utf-8"))]
     assert not offenders, offenders
+
+
+# Upstream method bodies we mirror in our own code (copied and changed, not called): the AST hash of
+# each in OpenRLHF 0.11.2. When OpenRLHF changes one, this names it and the copy to re-check.
+MIRRORED = [
+    ("trainer/ppo_trainer_async.py", "PPOTrainerAsync", "__init__", "b7b0f8597d44dcaf",
+     "avspo_openrlhf/trainer/trainers.py: _PPOTrainerAsync.__init__ (queue, slots, vLLM lock, actors)"),
+    ("trainer/ppo_trainer_async.py", "TrainingActor", "broadcast_to_vllm", "8a19a788a2547104",
+     "avspo_openrlhf/trainer/trainers.py: _TrainingActor.broadcast_to_vllm (lock, pause, version)"),
+    ("trainer/ppo_utils/samples_generator.py", "SamplesGenerator", "_generate_vllm", "6dacc17794e952d0",
+     "avspo_openrlhf/trainer/samples.py: AVSPOSamplesGenerator._generate_std_filtered (dispatch, wait, refill)"),
+]  # fmt: skip
+
+
+def _method_hash(path: str, cls: str, fn: str) -> str | None:
+    import ast
+    import hashlib
+
+    tree = ast.parse((ORL / path).read_text(encoding="utf-8"))
+    for c in ast.walk(tree):
+        if isinstance(c, ast.ClassDef) and c.name == cls:
+            for f in c.body:
+                if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and f.name == fn:
+                    return hashlib.sha256(ast.dump(f).encode()).hexdigest()[:16]
+    return None
+
+
+@pytest.mark.parametrize("path, cls, fn, digest, ours", MIRRORED, ids=[f"{c}.{f}" for _, c, f, _, _ in MIRRORED])
+def test_mirrored_upstream_bodies_are_unchanged(path, cls, fn, digest, ours):
+    got = _method_hash(path, cls, fn)
+    assert got is not None, f"openrlhf/{path}: {cls}.{fn} no longer exists; re-check {ours}"
+    assert got == digest, f"openrlhf/{path}: {cls}.{fn} changed (AST hash {got}, mirrored {digest}); re-check {ours}"
