@@ -7,4 +7,4 @@ cd "$(dirname "$0")"
 if [ ! -x .venv/bin/avspo-train ]; then
   bash setup.sh
 fi
-exec .venv/bin/python -m avspo_openrlhf.cpu.quickstart "$@"
+exec .venv/bin/python -m avspo_openrlhf.cli.quickstart "$@"

@@ -16,8 +16,11 @@ listed in :func:`_replacements` and applied only by :func:`installed`:
   every Ray worker of ``--backend cpu`` for that process's life (:func:`install_cpu_worker`) and
   by CPU tests in a ``with`` block. Never on a GPU machine.
 
-On a machine without ``flash_attn``/``vllm``, ``cpu/compat.py`` registers stand-in modules for the
-missing packages (it adds modules that do not exist; it replaces nothing).
+Besides the list: one nested replacement (``cuda_shims.NESTED_REPLACEMENTS``: ``torch.cuda.current_device``
+returns 0 while OpenRLHF's replay buffer builds its device name) and, on a machine without
+``flash_attn``/``vllm``, the stand-in modules ``cpu/compat.py`` adds to ``sys.modules``
+(:data:`STAND_IN_MODULES`; modules that do not exist, nothing replaced). Every replacement is a
+:class:`~avspo_openrlhf.swap.Swap`.
 ``tests/test_openrlhf_surface.py`` checks that every replaced attribute still exists in OpenRLHF,
 that leaving :func:`installed` restores it, and that no other module of the package patches.
 """
@@ -25,7 +28,11 @@ that leaving :func:`installed` restores it, and that no other module of the pack
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from unittest import mock
+
+from avspo_openrlhf.swap import Swap
+
+STAND_IN_MODULES = ("flash_attn", "flash_attn.bert_padding", "flash_attn.utils", "flash_attn.utils.distributed",
+                    "vllm", "vllm.inputs", "vllm.utils")  # fmt: skip
 
 
 def _strategy_factory(on_ray_started=None):
@@ -54,16 +61,16 @@ def _replacements(*, trainers: bool, cpu: bool, on_ray_started=None) -> list:
         out += [
             # imported at the module's top, used in train(args): a policy actor that also answers
             # token_entropy (RL-ZVP)
-            mock.patch.object(train_ppo_ray, "PolicyModelActor", AVSPOPolicyModelActor),
-            mock.patch.object(ppo_trainer, "PPOTrainer", AVSPOPPOTrainer),
-            mock.patch.object(ppo_trainer_async, "PPOTrainerAsync", AVSPOPPOTrainerAsync),
+            Swap(train_ppo_ray, "PolicyModelActor", AVSPOPolicyModelActor),
+            Swap(ppo_trainer, "PPOTrainer", AVSPOPPOTrainer),
+            Swap(ppo_trainer_async, "PPOTrainerAsync", AVSPOPPOTrainerAsync),
             # imported at the module's top, called in train(args): checkpoints that survive a kill
-            mock.patch.object(train_ppo_ray, "get_strategy", _strategy_factory(on_ray_started)),
+            Swap(train_ppo_ray, "get_strategy", _strategy_factory(on_ray_started)),
         ]
     if cpu:
         from avspo_openrlhf.cpu.cuda_shims import cpu_replacements
 
-        out += [mock.patch.object(obj, name, value) for obj, name, value in cpu_replacements()]
+        out += [Swap(obj, name, value) for obj, name, value in cpu_replacements()]
     return out
 
 

@@ -1,1 +1,1 @@
-"""``python -m eval ...`` from the repository root runs ``avspo-eval`` (avspo_openrlhf.evaluation)."""
+"""``python -m eval ...`` from the repository root runs ``avspo-eval`` (avspo_openrlhf.math_eval)."""

@@ -1,5 +1,5 @@
 import sys
 
-from avspo_openrlhf.evaluation.cli import main
+from avspo_openrlhf.cli.evaluate import main
 
 sys.exit(main())

@@ -162,9 +162,9 @@ def test_a_small_update_survives_the_sync_in_the_default_precision(assets):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from avspo_openrlhf.cli.quickstart import build_parser
     from avspo_openrlhf.cpu.backend import CPUEngine, init_ray
     from avspo_openrlhf.cpu.dtype import resolve_cpu_dtype
-    from avspo_openrlhf.cpu.quickstart import build_parser
 
     dtype = resolve_cpu_dtype(build_parser().parse_args([]).dtype, model=assets["model"])  # the default's
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
@@ -313,7 +313,7 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
     """The README's first command, on the tiny model: data, held-out eval before/after, async
     training with OpenRLHF's in-training evaluation, summary table, plots; a rerun resumes (skips)."""
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "avspo_openrlhf.cpu.quickstart", "--out", str(tmp_path), "--model", "tiny",
+    cmd = [sys.executable, "-m", "avspo_openrlhf.cli.quickstart", "--out", str(tmp_path), "--model", "tiny",
            "--steps", "4", "--max-new-tokens", "12", "--eval-steps", "2", "--heldout", "12",
            "--", "--run.max_steps", "3"]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=root)
@@ -370,7 +370,7 @@ def _truncate(path: Path) -> None:
 
 
 def test_bootstrap_gain_and_heldout_curve():
-    from avspo_openrlhf.cpu.quickstart import bootstrap_gain, heldout_curve
+    from avspo_openrlhf.cli.quickstart import bootstrap_gain, heldout_curve
 
     def recs(correct_by_level):
         return [{"unique_id": f"{lv}/{i}", "level": lv, "correct": c}

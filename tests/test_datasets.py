@@ -9,7 +9,7 @@ import sys
 import pytest
 from helpers import FIXTURES, shared_file
 
-from avspo_openrlhf.data.cli import build_parser, main
+from avspo_openrlhf.cli.prepare_data import build_parser, main
 from avspo_openrlhf.data.io import DataError, load_local, read_jsonl
 from avspo_openrlhf.data.sources import SOURCES
 from avspo_openrlhf.data.tasks import (
@@ -164,7 +164,7 @@ def test_cli_help_documents_every_option():
             if action.dest != "help":
                 assert action.help, f"{name} --{action.dest} has no help"
     out = subprocess.run(
-        [sys.executable, "-m", "avspo_openrlhf.data.cli", "prepare", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "avspo_openrlhf.cli.prepare_data", "prepare", "--help"], capture_output=True, text=True
     )
     assert out.returncode == 0 and "--skip-bad-rows" in out.stdout
     assert all(name in out.stdout for name in SOURCES)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from helpers import FIXTURES, shared_file
 
-from avspo_openrlhf.evaluation.generators import Completion, Decoding, FileGenerator, OracleGenerator
-from avspo_openrlhf.evaluation.metrics import extract_choice, majority_vote, pass_at_k, pass_at_k_exact, summarize
-from avspo_openrlhf.evaluation.runner import BENCHMARKS, evaluate_model, load_benchmark, markdown_table
+from avspo_openrlhf.math_eval.generators import Completion, Decoding, FileGenerator, OracleGenerator
+from avspo_openrlhf.math_eval.metrics import extract_choice, majority_vote, pass_at_k, pass_at_k_exact, summarize
+from avspo_openrlhf.math_eval.runner import BENCHMARKS, evaluate_model, load_benchmark, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE_BENCHES = ["gsm8k", "minerva", "olympiadbench", "amc", "aime24", "mmlu_pro"]
@@ -71,7 +71,7 @@ def test_summary_has_breakdowns_statuses_lengths():
 
 
 def test_arithmetic_scoring_extracts_answers_for_the_majority_vote():
-    from avspo_openrlhf.evaluation.runner import ALL, Scorer
+    from avspo_openrlhf.math_eval.runner import ALL, Scorer
     from avspo_openrlhf.rewards.arith_reward import arith_answer, score_arith
 
     assert arith_answer("so 6 + 1 = 7") == ("7", None)
@@ -140,7 +140,7 @@ def test_interrupted_evaluation_resumes_to_the_same_summary(tmp_path):
 
 def test_resume_is_keyed_by_the_model_not_its_folder_name(tmp_path):
     """runs/a/final and runs/b/final share a name: the second must not be handed the first's records."""
-    from avspo_openrlhf.evaluation.runner import model_identity
+    from avspo_openrlhf.math_eval.runner import model_identity
 
     data = {"gsm8k": load_benchmark("gsm8k", str(FIXTURES / "gsm8k_20.jsonl"))}
     comps = tmp_path / "comps.jsonl"
@@ -228,7 +228,7 @@ def test_smollm2_on_a_20_problem_gsm8k_fixture(tmp_path):
 def test_training_eval_mix_and_metric_names(tmp_path):
     pytest.importorskip("openrlhf")
     from avspo_openrlhf.data.io import read_jsonl
-    from avspo_openrlhf.evaluation.runner import write_eval_mix
+    from avspo_openrlhf.math_eval.runner import write_eval_mix
     from avspo_openrlhf.trainer.trainers import rename_eval_metrics
 
     path = tmp_path / "mix.jsonl"

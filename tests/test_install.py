@@ -139,8 +139,8 @@ def test_auto_never_narrows_weights_stored_in_fp32(tmp_path, monkeypatch, native
         "native bf16" if native_bf16 else "no native bf16"
     )
     # avspo-eval --cpu-dtype auto on a trained fp32 checkpoint: fp32 engine, named in the footer
-    from avspo_openrlhf.evaluation.generators import cpu_engine_dtype
-    from avspo_openrlhf.evaluation.runner import markdown_table
+    from avspo_openrlhf.math_eval.generators import cpu_engine_dtype
+    from avspo_openrlhf.math_eval.runner import markdown_table
 
     engine_dtype, precision = cpu_engine_dtype(fp32_model, "auto")
     assert engine_dtype == "float32" and precision.startswith("fp32 (auto: weights stored in fp32)")
@@ -154,10 +154,10 @@ def test_every_quickstart_stage_gets_fp32_on_either_cpu_kind(tmp_path, monkeypat
     """The embedded default runs the rollout engine, the policy, the reference and both evaluations
     in fp32 whether or not the CPU has native bf16, resolved by the code each stage runs: avspo-train's
     own validation (engine and DeepSpeed dtype) and avspo-eval's generator."""
+    from avspo_openrlhf.cli import evaluate as eval_cli
+    from avspo_openrlhf.cli import quickstart as qs
     from avspo_openrlhf.cli.train import run
-    from avspo_openrlhf.cpu import quickstart as qs
-    from avspo_openrlhf.evaluation import cli as eval_cli
-    from avspo_openrlhf.evaluation.generators import cpu_engine_dtype
+    from avspo_openrlhf.math_eval.generators import cpu_engine_dtype
 
     dtype = _fake_cpu(tmp_path, monkeypatch, native_bf16)
     base = _model_folder(tmp_path, "bfloat16")  # SmolLM2 is prepared in bf16: auto would pick bf16 here

@@ -175,7 +175,7 @@ def test_dry_run_prints_everything_and_runs_nothing(tmp_path):
     assert "--partition=gpu --account=proj" in out
     assert "#SBATCH --signal=B:USR1@600" in out and "#SBATCH --requeue" in out
     assert out.count("ray_node.sh head") == 1 and out.count("ray_node.sh worker") == 1
-    assert "avspo_openrlhf.launch.ray_wait" in out and "--vllm.num_engines 16" in out and "--acr.window 5" in out
+    assert "avspo_openrlhf.cluster.ray_wait" in out and "--vllm.num_engines 16" in out and "--acr.window 5" in out
     assert "WANDB_API_KEY=<redacted>" in out and "wandb-secret-123" not in out
     assert not (tmp_path / "calls.log").exists()
 

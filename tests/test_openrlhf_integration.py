@@ -93,10 +93,11 @@ def test_a_flag_prefix_is_refused_not_taken_for_the_flag(flags, capsys):
 
 
 def test_our_command_line_tools_refuse_flag_prefixes():
-    from avspo_openrlhf.cpu import models, quickstart
-    from avspo_openrlhf.data import cli as data_cli
-    from avspo_openrlhf.evaluation import cli as eval_cli
-    from avspo_openrlhf.sim import cli as sim_cli
+    from avspo_openrlhf.cli import evaluate as eval_cli
+    from avspo_openrlhf.cli import prepare_data as data_cli
+    from avspo_openrlhf.cli import prepare_model as models
+    from avspo_openrlhf.cli import quickstart
+    from avspo_openrlhf.cli import simulate as sim_cli
 
     for build, argv in [(quickstart.build_parser, ["--st", "3"]), (eval_cli.build_parser, ["--model", "m", "--temp", "1"]),
                         (sim_cli.build_parser, ["--see", "1"]), (data_cli.build_parser, ["arithmetic", "--se", "1"])]:  # fmt: skip

@@ -1,6 +1,7 @@
 """Every private OpenRLHF name the project touches, and every OpenRLHF module global it replaces:
 an OpenRLHF upgrade that renames or removes one fails here, naming what to re-check."""
 
+import inspect
 import re
 from pathlib import Path
 
@@ -57,11 +58,52 @@ def test_replaced_attributes_exist_and_are_restored():
 
     patches = _replacements(trainers=True, cpu=True)
     assert len(patches) == 10
-    before = [getattr(p.getter(), p.attribute) for p in patches]
+    before = [getattr(p.target, p.attribute) for p in patches]
     with installed(trainers=True, cpu=True):
-        inside = [getattr(p.getter(), p.attribute) for p in patches]
+        inside = [getattr(p.target, p.attribute) for p in patches]
     assert all(now is not orig and type(now) is type(p.new) for now, orig, p in zip(inside, before, patches))
-    assert [getattr(p.getter(), p.attribute) for p in patches] == before
+    assert [getattr(p.target, p.attribute) for p in patches] == before
+
+
+def test_swap_restores_own_and_inherited_attributes_and_refuses_missing_ones():
+    import types
+
+    from avspo_openrlhf.swap import Swap
+
+    class Base:
+        def f(self):
+            return "base"
+
+    class Child(Base):
+        def g(self):
+            return "child"
+
+    with Swap(Child, "f", lambda self: "new"):  # inherited: shadowed inside, gone again after
+        assert Child().f() == "new"
+    assert "f" not in vars(Child) and Child().f() == "base"
+    s = Swap(Child, "g", lambda self: "new")
+    s.start()
+    assert Child().g() == "new" and s.original()(Child()) == "child"
+    s.stop()
+    assert Child().g() == "child"
+    mod = types.ModuleType("m")
+    mod.x = 1
+    with Swap(mod, "x", 2):
+        assert mod.x == 2
+    assert mod.x == 1
+    with pytest.raises(AttributeError, match="no attribute 'y'"):
+        Swap(mod, "y", 3)
+
+
+def test_install_lists_the_nested_replacement_and_the_stand_in_modules():
+    from avspo_openrlhf.cpu import compat, cuda_shims
+    from avspo_openrlhf.install import STAND_IN_MODULES
+
+    built = {**compat._flash_attn_modules(), **compat._vllm_modules()}
+    assert set(STAND_IN_MODULES) == set(built)
+    src = inspect.getsource(cuda_shims)
+    nested = re.findall(r"with Swap\((\w+(?:\.\w+)*), \"(\w+)\"", src)
+    assert [f"{obj}.{name}" for obj, name in nested] == [n for n, _ in cuda_shims.NESTED_REPLACEMENTS]
 
 
 def test_async_trainer_sets_what_openrlhf_fit_reads():
@@ -85,7 +127,7 @@ def test_no_patching_outside_install_module():
     """Outside install.py nothing of the package assigns attributes of another module or class
     (setattr on a module, mock.patch, ``module.attr = ...``); the scan would catch the old
     runpy/parse_args/ray.is_initialized patches and the async trainer's module-global swap."""
-    pattern = re.compile(r"mock\.patch|setattr\((_?async|ray|argparse|orl_\w+|ppo_\w+|torch)\b|"
+    pattern = re.compile(r"unittest|mock\.patch|setattr\((_?async|ray|argparse|orl_\w+|ppo_\w+|torch)\b|"
                          r"^\s*(ray|argparse|torch|_async|ppo_trainer\w*|orl_\w+)\.[\w.]+\s*=[^=]", re.M)  # fmt: skip
     offenders = []
     for f in OURS.rglob("*.py"):

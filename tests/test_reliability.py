@@ -67,7 +67,7 @@ def test_avspo_eval_refuses_an_output_folder_in_use(tmp_path):
     out = tmp_path / "eval"
     holder = _holder(out, "avspo-eval")
     try:
-        r = subprocess.run([sys.executable, "-m", "avspo_openrlhf.evaluation.cli", "--completions", str(comps),
+        r = subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.evaluate", "--completions", str(comps),
                             "--benchmarks", "gsm8k", "--data", f"gsm8k={FIXTURES / 'gsm8k_20.jsonl'}", "--output",
                             str(out)], capture_output=True, text=True,
                            timeout=120)  # fmt: skip

@@ -12,6 +12,7 @@ import pytest
 import torch
 from helpers import shared_file
 
+from avspo_openrlhf.cli.reward_audit import audit_references
 from avspo_openrlhf.rewards import (
     STATUSES,
     VerifierPool,
@@ -20,7 +21,6 @@ from avspo_openrlhf.rewards import (
     response_from_query,
     verify_answer,
 )
-from avspo_openrlhf.rewards.audit import audit_references
 from avspo_openrlhf.rewards.extract import final_boxes
 
 TIMEOUT = 2.0
@@ -251,7 +251,7 @@ def test_math500_references_audit(pool):
 
 
 def test_labelled_completions_audit(pool, tmp_path):
-    from avspo_openrlhf.rewards.audit import audit_labelled, main
+    from avspo_openrlhf.cli.reward_audit import audit_labelled, main
 
     rows = [
         {"completion": "\\boxed{4}", "answer": "4", "label": True},  # agreed correct
@@ -272,7 +272,7 @@ def test_labelled_completions_audit(pool, tmp_path):
 
 
 def test_second_opinion_audit_reports_disagreements_by_category(pool, tmp_path):
-    from avspo_openrlhf.rewards.audit import audit_second_opinion, disagreement_category, main
+    from avspo_openrlhf.cli.reward_audit import audit_second_opinion, disagreement_category, main
 
     rows = [
         {"completion": "\\boxed{4}", "answer": "4"},  # both correct

@@ -5,6 +5,8 @@ import random
 
 import pytest
 
+from avspo_openrlhf.cli.simulate import main as simulate_main
+from avspo_openrlhf.cli.simulate import predict
 from avspo_openrlhf.sim import (
     Dist,
     PipelineConfig,
@@ -17,8 +19,6 @@ from avspo_openrlhf.sim import (
     simulate,
     summarize,
 )
-from avspo_openrlhf.sim.cli import main as simulate_main
-from avspo_openrlhf.sim.cli import predict
 
 
 def _w(g, t, s=0.0, **kw):

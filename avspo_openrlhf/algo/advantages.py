@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, CollapseStats, _check_shape, _classify, group_moments
+from .options import FIX_GROUPS, STD_CONVENTIONS, AVSPOConfig, NGRPOConfig
 from .virtual import coef_moments, get_strategy, num_virtual
 
-STD_CONVENTIONS = {"population": 0, "unbiased": 1}  # -> divide by G - correction
-FIX_GROUPS = ("both", "all_wrong", "all_right")  # which collapsed groups AVSPO augments
+_AV, _NG = AVSPOConfig, NGRPOConfig  # every keyword default below is one of theirs
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]] = {}
 
@@ -113,7 +113,7 @@ def _avspo(
     gamma,
     generator,
     fixed_k=None,
-    fix_groups="both",
+    fix_groups=_AV.fix_groups,
 ):
     g = stats.group_size
     strat = get_strategy(strategy)
@@ -172,8 +172,8 @@ def _avspo(
 
 
 @register_estimator("ngrpo")
-def _ngrpo(stats: CollapseStats, *, std, eps, correction, tol, reward_range, acr_gate, tau_adapt, num_max=1,
-           gated=False, **_):  # fmt: skip
+def _ngrpo(stats: CollapseStats, *, std, eps, correction, tol, reward_range, acr_gate, tau_adapt,
+           num_max=_NG.num_max, gated=_NG.gated, **_):  # fmt: skip
     # NGRPO (arXiv 2509.18851): m virtual rewards r_max = hi in every group's mean and std, never in the
     # loss. Per group an affine map again: R' = R + m copies of hi, i.e. v = mean + (hi - mean) * 1.
     if gated and not acr_gate > tau_adapt:  # [option] only while AVSPO's gate would be open
@@ -196,21 +196,21 @@ def group_advantages(
     rewards: torch.Tensor,
     estimator: str = "grpo",
     *,
-    std: str = "population",
-    eps: float = 1e-6,
+    std: str = _AV.std,
+    eps: float = _AV.eps,
     tol: float = DEFAULT_TOL,
     reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
     acr_gate: float | None = None,
-    tau_adapt: float = 0.5,
-    alpha: float = 0.5,
-    strategy: str = "stratified",
-    r_anchor: float = 0.1,
-    gamma: float = 0.5,
+    tau_adapt: float = _AV.tau_init,
+    alpha: float = _AV.alpha,
+    strategy: str = _AV.strategy,
+    r_anchor: float = _AV.r_anchor,
+    gamma: float = _AV.gamma,
     generator: torch.Generator | None = None,
-    fixed_k: int | None = None,
-    fix_groups: str = "both",
-    num_max: int = 1,
-    gated: bool = False,
+    fixed_k: int | None = _AV.num_virtual,
+    fix_groups: str = _AV.fix_groups,
+    num_max: int = _NG.num_max,
+    gated: bool = _NG.gated,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Advantages of the G real samples of each prompt group.
 

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-DEFAULT_TOL = 1e-6
-DEFAULT_REWARD_RANGE = (0.0, 1.0)
+from .options import ACRConfig
+
+DEFAULT_TOL = ACRConfig.tol  # the --acr.* defaults (algo/options.py)
+DEFAULT_REWARD_RANGE = ACRConfig.reward_range
 
 
 def _check_shape(rewards: torch.Tensor, name: str) -> torch.Tensor:

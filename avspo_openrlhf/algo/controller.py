@@ -13,11 +13,12 @@ from typing import Any
 import torch
 
 from .advantages import group_advantages
-from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, collapse_stats
+from .collapse import collapse_stats
 from .monitors import ACRTracker, EntropyCollapseMonitor, KLDriftMonitor
+from .options import ACRConfig, AVSPOConfig, MonitorConfig, NGRPOConfig
 from .threshold import AdaptiveThreshold
 
-ALARMS = ("acr_stall", "acr_volatility", "entropy_collapse", "kl_drift")
+_ACR, _AV, _MON = ACRConfig, AVSPOConfig, MonitorConfig  # every keyword default is one of theirs
 # what the controller computes: None = measure only (the trainer's own estimator, e.g. GRPO);
 # rl_zvp also measures only here: its token-level advantages need the policy's entropies, which the
 # trainer adds to OpenRLHF's GRPO advantages (algo/rl_zvp.py)
@@ -49,30 +50,30 @@ class AVSPOController:
     def __init__(
         self,
         *,
-        enable: bool = False,
+        enable: bool = _AV.enable,
         estimator: str | None = None,
         ngrpo: dict[str, Any] | None = None,
-        gate_view: str = "raw",
-        tol: float = DEFAULT_TOL,
-        reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+        gate_view: str = _ACR.gate_view,
+        tol: float = _ACR.tol,
+        reward_range: tuple[float, float] = _ACR.reward_range,
         tracker: dict[str, Any] | None = None,
-        strategy: str = "stratified",
-        alpha: float = 0.5,
-        r_anchor: float = 0.1,
-        gamma: float = 0.5,
-        std: str = "population",
-        eps: float = 1e-6,
-        fixed_k: int | None = None,
-        fix_groups: str = "both",
-        tau_init: float = 0.5,
-        eta: float = 0.01,
-        tau_bounds: tuple[float, float] = (0.1, 0.9),
-        reward_ema_decay: float = 0.9,
+        strategy: str = _AV.strategy,
+        alpha: float = _AV.alpha,
+        r_anchor: float = _AV.r_anchor,
+        gamma: float = _AV.gamma,
+        std: str = _AV.std,
+        eps: float = _AV.eps,
+        fixed_k: int | None = _AV.num_virtual,
+        fix_groups: str = _AV.fix_groups,
+        tau_init: float = _AV.tau_init,
+        eta: float = _AV.eta,
+        tau_bounds: tuple[float, float] = _AV.tau_bounds,
+        reward_ema_decay: float = _AV.reward_ema_decay,
         seed: int = 0,
-        entropy_threshold: float | None = 0.5,
-        entropy_patience: int = 50,
-        kl_bound: float | None = None,
-        kl_patience: int = 20,
+        entropy_threshold: float | None = _MON.entropy_threshold,
+        entropy_patience: int = _MON.entropy_patience,
+        kl_bound: float | None = _MON.kl_bound,
+        kl_patience: int = _MON.kl_patience,
     ):
         if gate_view not in ("raw", "shaped"):
             raise ValueError(f"gate_view must be 'raw' or 'shaped', got {gate_view!r}")
@@ -81,7 +82,8 @@ class AVSPOController:
             raise ValueError(f"estimator must be one of {ESTIMATORS} or None, got {estimator!r}")
         self.estimator, self.gate_view = estimator, gate_view
         self.enable = estimator in ("avspo", "ngrpo")  # advantages come from here
-        self.ngrpo_kwargs = {"num_max": 1, "gated": False, "std": "unbiased", "eps": 1e-6, **(ngrpo or {})}
+        n = NGRPOConfig
+        self.ngrpo_kwargs = {"num_max": n.num_max, "gated": n.gated, "std": n.std, "eps": n.eps, **(ngrpo or {})}
         self.tol, self.reward_range = float(tol), (float(reward_range[0]), float(reward_range[1]))
         self.adv_kwargs = dict(
             strategy=strategy, alpha=alpha, r_anchor=r_anchor, gamma=gamma, std=std, eps=eps, tol=self.tol,
@@ -95,6 +97,57 @@ class AVSPOController:
         )
         self.kl = KLDriftMonitor(kl_bound, kl_patience) if kl_bound is not None else None
         self.steps = 0
+
+    @classmethod
+    def from_config(
+        cls,
+        acr: ACRConfig,
+        avspo: AVSPOConfig,
+        monitor: MonitorConfig,
+        ngrpo: NGRPOConfig | None = None,
+        *,
+        estimator: str | None = None,
+        seed: int = 0,
+    ) -> AVSPOController:
+        """The controller the typed options describe, field by field (``--acr.*``, ``--avspo.*``,
+        ``--monitor.*``, ``--ngrpo.*``); ``estimator``: see the class (default: ``avspo`` when
+        ``avspo.enable``); ``seed``: the ``random_uniform`` generator's."""
+        ngrpo = ngrpo or NGRPOConfig()
+        return cls(
+            enable=avspo.enable,
+            estimator=estimator,
+            ngrpo=dict(num_max=ngrpo.num_max, gated=ngrpo.gated, std=ngrpo.std, eps=ngrpo.eps),
+            gate_view=acr.gate_view,
+            tol=acr.tol,
+            reward_range=acr.reward_range,
+            tracker=dict(
+                smoothing=acr.smoothing,
+                window=acr.window,
+                ema_decay=acr.ema_decay,
+                early_steps=acr.early_steps,
+                stall_threshold=acr.stall_threshold,
+                stall_patience=acr.stall_patience,
+                volatility_window=acr.volatility_window,
+                volatility_threshold=acr.volatility_threshold,
+            ),
+            strategy=avspo.strategy,
+            alpha=avspo.alpha,
+            r_anchor=avspo.r_anchor,
+            gamma=avspo.gamma,
+            std=avspo.std,
+            eps=avspo.eps,
+            fixed_k=avspo.num_virtual,
+            fix_groups=avspo.fix_groups,
+            tau_init=avspo.tau_init,
+            eta=avspo.eta,
+            tau_bounds=avspo.tau_bounds,
+            reward_ema_decay=avspo.reward_ema_decay,
+            seed=seed,
+            entropy_threshold=None if monitor.disable_entropy else monitor.entropy_threshold,
+            entropy_patience=monitor.entropy_patience,
+            kl_bound=monitor.kl_bound,
+            kl_patience=monitor.kl_patience,
+        )
 
     def step(
         self, raw: torch.Tensor, shaped: torch.Tensor | None = None

@@ -25,6 +25,7 @@ import hashlib
 import torch
 
 from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, collapse_stats
+from .options import GRESOConfig as _G
 
 MIXED, EASY, HARD = 0, 1, 2
 
@@ -51,14 +52,14 @@ class GRESOSelector:
 
     def __init__(
         self,
-        p_easy: float = 0.5,
-        p_hard: float = 0.5,
-        target_easy: float = 1 / 12,
-        target_hard: float = 1 / 6,
-        delta: float = 0.01,
-        p_bounds: tuple[float, float] = (0.05, 0.95),
-        min_keep: float = 0.01,
-        audit: float = 0.0,
+        p_easy: float = _G.p_easy,
+        p_hard: float = _G.p_hard,
+        target_easy: float = _G.target_easy,
+        target_hard: float = _G.target_hard,
+        delta: float = _G.delta,
+        p_bounds: tuple[float, float] = _G.p_bounds,
+        min_keep: float = _G.min_keep,
+        audit: float = _G.audit,
         seed: int = 0,
         tol: float = DEFAULT_TOL,
         reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,

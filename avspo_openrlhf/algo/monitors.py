@@ -10,6 +10,7 @@ from collections import deque
 from typing import Any
 
 from .collapse import CollapseStats
+from .options import ACRConfig, MonitorConfig
 from .threshold import _check_finite
 
 # Paper's fit over 245 Qwen2.5 runs on MATH: final MATH-500 accuracy (%) = 51.4 - 29.6 * ACR_100
@@ -50,7 +51,9 @@ class ConsecutiveAlarm:
 class EntropyCollapseMonitor(ConsecutiveAlarm):
     """Mean per-token entropy below ``threshold`` nats for more than ``patience`` steps."""
 
-    def __init__(self, threshold: float = 0.5, patience: int = 50):
+    def __init__(
+        self, threshold: float = MonitorConfig.entropy_threshold, patience: int = MonitorConfig.entropy_patience
+    ):
         super().__init__("entropy", threshold, patience, below=True)
 
     def update(self, entropy: float) -> dict[str, float]:
@@ -60,7 +63,7 @@ class EntropyCollapseMonitor(ConsecutiveAlarm):
 class KLDriftMonitor(ConsecutiveAlarm):
     """KL to the reference (or previous) policy above ``bound`` for more than ``patience`` steps."""
 
-    def __init__(self, bound: float = 0.1, patience: int = 20):
+    def __init__(self, bound: float = 0.1, patience: int = MonitorConfig.kl_patience):  # --monitor.kl_bound: off
         super().__init__("kl", bound, patience, below=False)
 
     def update(self, kl: float) -> dict[str, float]:
@@ -92,14 +95,14 @@ class ACRTracker:
 
     def __init__(
         self,
-        smoothing: str = "window",
-        window: int = 25,
-        ema_decay: float = 0.9,
-        early_steps: int = 100,
-        stall_threshold: float = 0.35,
-        stall_patience: int = 50,
-        volatility_window: int = 25,
-        volatility_threshold: float = 0.15,
+        smoothing: str = ACRConfig.smoothing,
+        window: int = ACRConfig.window,
+        ema_decay: float = ACRConfig.ema_decay,
+        early_steps: int = ACRConfig.early_steps,
+        stall_threshold: float = ACRConfig.stall_threshold,
+        stall_patience: int = ACRConfig.stall_patience,
+        volatility_window: int = ACRConfig.volatility_window,
+        volatility_threshold: float = ACRConfig.volatility_threshold,
     ):
         if smoothing not in ("window", "ema"):
             raise ValueError(f"smoothing must be 'window' or 'ema', got {smoothing!r}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, collapse_stats
+from .options import RLZVPConfig
 
 
 def zero_variance_sign(
@@ -31,7 +32,7 @@ def zero_variance_sign(
 
 
 def rl_zvp_token_advantages(
-    entropy: torch.Tensor, mask: torch.Tensor, sign: torch.Tensor, alpha: float = 0.1
+    entropy: torch.Tensor, mask: torch.Tensor, sign: torch.Tensor, alpha: float = RLZVPConfig.alpha
 ) -> torch.Tensor:
     """Per-token RL-ZVP advantages of ``B`` responses.
 

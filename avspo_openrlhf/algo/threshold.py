@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .options import AVSPOConfig
+
 
 def _check_finite(name: str, value: float) -> float:
     value = float(value)
@@ -34,7 +36,11 @@ class AdaptiveThreshold:
     """
 
     def __init__(
-        self, tau_init: float = 0.5, eta: float = 0.01, bounds: tuple[float, float] = (0.1, 0.9), ema_decay: float = 0.9
+        self,
+        tau_init: float = AVSPOConfig.tau_init,
+        eta: float = AVSPOConfig.eta,
+        bounds: tuple[float, float] = AVSPOConfig.tau_bounds,
+        ema_decay: float = AVSPOConfig.reward_ema_decay,
     ):
         lo, hi = bounds
         if not lo <= tau_init <= hi:

@@ -26,6 +26,10 @@ from typing import NamedTuple
 
 import torch
 
+from .options import ACRConfig, AVSPOConfig
+
+_AV = AVSPOConfig  # keyword defaults: the --avspo.* ones (algo/options.py)
+
 
 class VirtualSpec(NamedTuple):
     scale: torch.Tensor  # [N]
@@ -106,7 +110,7 @@ def get_strategy(name: str) -> _Strategy:
         raise ValueError(f"unknown virtual strategy {name!r}; choose from {sorted(VIRTUAL_STRATEGIES)}") from None
 
 
-def num_virtual(group_size: int, acr_gate: float, alpha: float = 0.5, strategy: str = "stratified") -> int:
+def num_virtual(group_size: int, acr_gate: float, alpha: float = _AV.alpha, strategy: str = _AV.strategy) -> int:
     """K = max(1, min(G, ceil(G * acr_gate ** alpha))) (docs/algorithm.md#k-rule); ``opposite`` uses K = 1.
 
     A 1e-9 slack keeps float noise from bumping an exact integer (8 * 0.25**0.5 = 4) up by one.
@@ -141,11 +145,11 @@ def virtual_rewards(
     r_obs: torch.Tensor,
     is_right: torch.Tensor,
     num_virtual: int,
-    strategy: str = "stratified",
+    strategy: str = _AV.strategy,
     *,
-    reward_range: tuple[float, float] = (0.0, 1.0),
-    r_anchor: float = 0.1,
-    gamma: float = 0.5,
+    reward_range: tuple[float, float] = ACRConfig.reward_range,
+    r_anchor: float = _AV.r_anchor,
+    gamma: float = _AV.gamma,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Explicit virtual rewards ``[N, K]`` for groups with common reward ``r_obs`` (``[N]``).

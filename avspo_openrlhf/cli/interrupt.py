@@ -1,5 +1,6 @@
-"""Graceful Ctrl-C for avspo-train, shared by the driver and the trainers (kept free of heavy imports:
-``python -m avspo_openrlhf.cli.train`` runs as ``__main__``, so state must live in a module of its own)."""
+"""Graceful Ctrl-C and SIGTERM for avspo-train: the driver's signal handlers and their state (kept
+free of heavy imports: ``python -m avspo_openrlhf.cli.train`` runs as ``__main__``, so state must
+live in a module of its own). The file protocol the trainers read is ``trainer/stop.py``."""
 
 from __future__ import annotations
 
@@ -8,33 +9,9 @@ import signal
 import sys
 import threading
 
-STOP_FILE = "STOP"
-STOPPED_MARKER = "STOPPED"  # written by the trainer after it checkpointed and stopped on STOP
+from avspo_openrlhf.trainer.stop import stop_file, stopped_marker
+
 INTERRUPT = {"requested": False}
-
-
-def stop_file(args) -> str:
-    """Written by the Ctrl-C handler; the trainer checkpoints and stops when it sees it (the trainer is
-    a Ray actor in another process, so a file next to the checkpoints is the message)."""
-    return os.path.join(args.ckpt.path, STOP_FILE)
-
-
-def stopped_marker(args) -> str:
-    return os.path.join(args.ckpt.path, STOPPED_MARKER)
-
-
-def take_stopped_marker(args) -> bool:
-    """True (and the marker removed) if the trainer stopped on the STOP file in this run."""
-    path = stopped_marker(args)
-    if os.path.exists(path):
-        os.remove(path)
-        return True
-    return False
-
-
-def trainer_stopped(args) -> bool:
-    """Whether the trainer of this run stopped on the STOP file (and checkpointed), marker kept."""
-    return os.path.exists(stopped_marker(args))
 
 
 def install_interrupt_handler(args) -> None:
@@ -70,10 +47,3 @@ def reclaim_sigterm() -> None:
     handler = _HANDLER.get("handler")
     if handler is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, handler)
-
-
-def clear_stop_request(args) -> None:
-    """The run ended without the trainer seeing STOP (it came after the last step's check): the
-    file must not stop the next run at its first step."""
-    if os.path.exists(stop_file(args)):
-        os.remove(stop_file(args))

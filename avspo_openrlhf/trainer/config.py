@@ -12,171 +12,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 
-from avspo_openrlhf.algo import FIX_GROUPS, STD_CONVENTIONS, VIRTUAL_STRATEGIES
-from avspo_openrlhf.algo.controller import ALARMS
-from avspo_openrlhf.cpu.dtype import CPU_DTYPES
+from avspo_openrlhf.algo.options import (  # the algorithm's groups live with the algorithm
+    ACRConfig,
+    AVSPOConfig,
+    GRESOConfig,
+    MonitorConfig,
+    NGRPOConfig,
+    RLZVPConfig,
+    flag,
+)
 
-
-def flag(default, help: str, **argparse_kwargs):
-    """A config field that is also a flag: its default, ``--help`` text and argparse extras
-    (``choices``, ``metavar``); type, ``nargs`` and ``store_true`` follow from the annotation."""
-    return field(default=default, metadata=dict(help=help, **argparse_kwargs))
-
-
-@dataclass(frozen=True)
-class ACRConfig:
-    """ACR monitoring (``--acr.*``)."""
-
-    tol: float = flag(
-        1e-06, "A group is collapsed when the population std of its rewards is below this (docs/algorithm.md#acr)."
-    )
-    reward_range: tuple[float, float] = flag(
-        (0.0, 1.0),
-        "Reward range: a collapsed group at HI is all-right, at LO all-wrong (any other constant counts as all-wrong for AVSPO).",
-        metavar=("LO", "HI"),
-    )
-    smoothing: str = flag(
-        "window", "How the per-batch ACR is smoothed into the AVSPO gate input ACR_gate.", choices=["window", "ema"]
-    )
-    window: int = flag(25, "Steps in the ACR_gate window (use 1 with many prompt groups per step).")
-    ema_decay: float = flag(0.9, "Decay of ACR_gate when --acr.smoothing ema.")
-    gate_view: str = flag(
-        "raw",
-        "Reward view whose ACR drives the gate and the threshold: raw correctness (the paper's) or the shaped reward after overlong/stop penalties.",
-        choices=["raw", "shaped"],
-    )
-    early_steps: int = flag(100, "Steps averaged into ACR_100, the early-warning statistic.")
-    stall_threshold: float = flag(0.35, "Stall alarm: ACR above this ...")
-    stall_patience: int = flag(50, "... for more than this many consecutive steps.")
-    volatility_window: int = flag(25, "Window of the ACR volatility (population std of the last N ACRs).")
-    volatility_threshold: float = flag(0.15, "Volatility alarm when the windowed ACR std exceeds this.")
-
-
-@dataclass(frozen=True)
-class AVSPOConfig:
-    """AVSPO advantages (``--avspo.*``)."""
-
-    enable: bool = flag(
-        False,
-        "Use AVSPO advantages: ACR-gated virtual samples in collapsed groups' statistics. Needs --algo.advantage.estimator group_norm.",
-    )
-    strategy: str = flag(
-        "stratified",
-        "Virtual reward values (docs/algorithm.md#strategies); 'opposite' reproduces the authors' released code.",
-        choices=sorted(VIRTUAL_STRATEGIES),
-    )
-    alpha: float = flag(0.5, "K rule exponent: K = max(1, min(G, ceil(G * ACR_gate**alpha))).")
-    num_virtual: int | None = flag(
-        None,
-        "Fixed number of virtual samples per augmented group instead of the K rule (the paper's fixed-K ablation: 1, 4, 8). Default: the K rule.",
-        metavar="K",
-    )
-    fix_groups: str = flag(
-        "both",
-        "Which collapsed groups get virtual samples: both (AVSPO), all_wrong only or all_right only (the paper's mechanism isolation); the others keep GRPO's zero advantages.",
-        choices=list(FIX_GROUPS),
-    )
-    r_anchor: float = flag(0.1, "Top virtual reward for all-wrong groups (stratified, exp_decay).")
-    gamma: float = flag(0.5, "Decay of the exp_decay strategy.")
-    std: str = flag(
-        "population",
-        "Std of the (augmented) group: population (the paper's) or unbiased (OpenRLHF group_norm's).",
-        choices=sorted(STD_CONVENTIONS),
-    )
-    eps: float = flag(
-        1e-06,
-        "Added to the group std. '--avspo.std unbiased --avspo.eps 1e-9' equals OpenRLHF's group_norm when the gate is closed.",
-    )
-    tau_init: float = flag(0.5, "Initial adaptive threshold tau_adapt(0).")
-    eta: float = flag(0.01, "Step size of the adaptive threshold; 0 keeps tau_adapt fixed at --avspo.tau_init.")
-    tau_bounds: tuple[float, float] = flag((0.1, 0.9), "Clip range of tau_adapt.", metavar=("LO", "HI"))
-    reward_ema_decay: float = flag(
-        0.9, "EMA of the mean reward whose change is dJ in the threshold update (0 = raw change)."
-    )
-    seed: int | None = flag(None, "Seed of the random_uniform strategy (default: --train.seed).")
-
-
-@dataclass(frozen=True)
-class NGRPOConfig:
-    """NGRPO advantages (``--ngrpo.*``)."""
-
-    enable: bool = flag(
-        False,
-        "NGRPO (arXiv 2509.18851): --ngrpo.num_max virtual rewards at the reward maximum in every group's mean and std (all-wrong groups get a negative advantage, all-right stay 0). Pair with --actor.eps_clip_low_high 0.16 0.24 for the paper's asymmetric clip. Needs --algo.advantage.estimator group_norm; not with --avspo.enable or --rlzvp.enable.",
-    )
-    num_max: int = flag(1, "Virtual maximum-reward samples per group (the paper's m = 1).", metavar="M")
-    std: str = flag(
-        "unbiased",
-        "Std of the G + M values: unbiased (the paper's and its code's) or population.",
-        choices=sorted(STD_CONVENTIONS),
-    )
-    eps: float = flag(1e-06, "Added to the augmented std (the paper's code: 1e-6).")
-    gated: bool = flag(
-        False,
-        "Add the virtual samples only while AVSPO's gate is open (ACR_gate > tau_adapt, with the --acr.* smoothing and --avspo.tau_* threshold); default: every step, as the paper.",
-    )
-
-
-@dataclass(frozen=True)
-class RLZVPConfig:
-    """RL-ZVP advantages (``--rlzvp.*``)."""
-
-    enable: bool = flag(
-        False,
-        "RL-ZVP (arXiv 2509.21880): on zero-variance groups, token advantages +alpha*H_t (all-right) and -alpha*(max H - H_t) (all-wrong), H_t the policy's token entropy before the update; OpenRLHF's GRPO elsewhere. Needs --algo.advantage.estimator group_norm; not with --avspo.enable or --ngrpo.enable.",
-    )
-    alpha: float = flag(0.1, "Scale of the entropy-shaped advantages (the paper's 0.1).")
-
-
-@dataclass(frozen=True)
-class GRESOConfig:
-    """GRESO pre-rollout skipping (``--greso.*``)."""
-
-    enable: bool = flag(
-        False,
-        "GRESO (arXiv 2506.02177): skip a prompt before rollout with probability 1 - max(p**z, --greso.min_keep), z = its consecutive all-right (p = p_easy) or all-wrong (p = p_hard) rollouts. Composes with --dynamic.std_filter (GRESO as published) and with --avspo.enable.",
-    )
-    p_easy: float = flag(0.5, "Initial base keep-probability of prompts whose recent groups were all right.")
-    p_hard: float = flag(0.5, "Initial base keep-probability of prompts whose recent groups were all wrong.")
-    target_easy: float = flag(
-        1 / 12,
-        "Target share of all-right groups per step: p_easy moves down by --greso.delta at or above it, up below it.",
-    )
-    target_hard: float = flag(1 / 6, "Target share of all-wrong groups per step (moves p_hard the same way).")
-    delta: float = flag(0.01, "Step of the p_easy / p_hard adaptation per training step.")
-    p_bounds: tuple[float, float] = flag((0.05, 0.95), "Clip range of p_easy and p_hard.", metavar=("LO", "HI"))
-    min_keep: float = flag(0.01, "Floor of the keep probability p**z (every prompt keeps some chance).")
-    audit: float = flag(
-        0.0,
-        "Share of skipped prompts rolled out anyway (never trained on; their tokens are counted apart) to measure false skips: skipped prompts whose group would have been mixed.",
-    )
-    seed: int | None = flag(None, "Seed of the skip and audit draws (default: --train.seed).")
-
-
-@dataclass(frozen=True)
-class MonitorConfig:
-    """Health monitors (``--monitor.*``)."""
-
-    entropy_threshold: float = flag(0.5, "Entropy-collapse alarm: mean token entropy (nats) below this ...")
-    entropy_patience: int = flag(
-        50, "... for more than this many steps. Entropy is measured by setting --actor.entropy_coef 0 when it is unset."
-    )
-    disable_entropy: bool = flag(False, "Do not measure entropy (leaves --actor.entropy_coef unset).")
-    kl_bound: float | None = flag(None, "KL-drift alarm: KL above this ... (default: off).")
-    kl_patience: int = flag(20, "... for more than this many steps.")
-    kl_source: str = flag(
-        "ref", "KL to the reference model ('kl') or to the previous policy ('ppo_kl').", choices=["ref", "old"]
-    )
-    stop_on_alarm: tuple[str, ...] = flag(
-        (),
-        "Alarms that save a checkpoint and stop the run.",
-        nargs="+",
-        choices=["any", *ALARMS],
-    )
+CPU_DTYPES = ("auto", "bf16", "fp32")  # --cpu.dtype; resolved by cpu/dtype.py
 
 
 @dataclass(frozen=True)
@@ -376,9 +225,9 @@ def _in_range(args) -> None:
         ("--acr.ema_decay", a.acr.ema_decay, 0 <= a.acr.ema_decay < 1, "in [0, 1)"),
         ("--acr.volatility_window", a.acr.volatility_window, a.acr.volatility_window >= 2, ">= 2 (a spread needs two steps)"),
     ]  # fmt: skip
-    for flag, value, ok, want in checks:
+    for name, value, ok, want in checks:
         if not ok:
-            raise ValueError(f"{flag} must be {want}, got {value}")
+            raise ValueError(f"{name} must be {want}, got {value}")
     n = a.rollout.n_samples_per_prompt
     if a.algo.advantage.estimator in GROUP_ESTIMATORS and a.train.batch_size % n:
         raise ValueError(
@@ -465,33 +314,15 @@ def validate(args) -> None:
 
 
 def build_controller(args):
-    """The :class:`~avspo_openrlhf.algo.controller.AVSPOController` that ``args`` describe: every
-    ``--acr.*``, ``--avspo.*`` and ``--monitor.*`` field whose name is a controller (or ACR tracker)
-    argument is passed by name; the three that differ are mapped below."""
+    """The :class:`~avspo_openrlhf.algo.controller.AVSPOController` that ``args`` describe, built
+    field by field from the typed options (``AVSPOController.from_config``)."""
     from avspo_openrlhf.algo.controller import AVSPOController
-    from avspo_openrlhf.algo.monitors import ACRTracker
 
     cfg = settings(args)
-
-    def by_name(obj, fn) -> dict:
-        params = inspect.signature(fn).parameters
-        return {k: v for k, v in dataclasses.asdict(obj).items() if k in params}
-
-    kw = {
-        **by_name(cfg.acr, AVSPOController),
-        **by_name(cfg.avspo, AVSPOController),
-        **by_name(cfg.monitor, AVSPOController),
-    }
-    kw["tracker"] = by_name(cfg.acr, ACRTracker)
-    kw["estimator"] = next(
-        (ns for ns in ("avspo", "ngrpo", "rl_zvp") if getattr(cfg, ns.replace("_", "")).enable), None
-    )
-    kw["ngrpo"] = dict(num_max=cfg.ngrpo.num_max, gated=cfg.ngrpo.gated, std=cfg.ngrpo.std, eps=cfg.ngrpo.eps)
-    kw["fixed_k"] = cfg.avspo.num_virtual
-    kw["seed"] = cfg.avspo.seed if cfg.avspo.seed is not None else getattr(getattr(args, "train", None), "seed", 0)
-    if cfg.monitor.disable_entropy:
-        kw["entropy_threshold"] = None
-    return AVSPOController(**kw)
+    estimator = next((name for name, on in [("avspo", cfg.avspo.enable), ("ngrpo", cfg.ngrpo.enable),
+                                            ("rl_zvp", cfg.rlzvp.enable)] if on), None)  # fmt: skip
+    seed = cfg.avspo.seed if cfg.avspo.seed is not None else getattr(getattr(args, "train", None), "seed", 0)
+    return AVSPOController.from_config(cfg.acr, cfg.avspo, cfg.monitor, cfg.ngrpo, estimator=estimator, seed=seed)
 
 
 def build_greso(args):

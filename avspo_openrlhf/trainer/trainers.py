@@ -24,12 +24,12 @@ from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call
 from openrlhf.utils.logging_utils import init_logger
 from ray.util.queue import Queue
 
-from avspo_openrlhf.cli.interrupt import stop_file, stopped_marker
 from avspo_openrlhf.redaction import check_wandb_key_in_env
 
 from .config import settings
 from .experience_maker import AVSPOExperienceMaker
 from .samples import AVSPOSamplesGenerator, BatchMeta
+from .stop import stop_file, stopped_marker
 
 logger = init_logger(__name__)
 

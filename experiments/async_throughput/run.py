@@ -89,7 +89,7 @@ def _model(a, root: Path) -> str:
 
 def run_mode(a, model: str, mode: str, seed: int, root: Path) -> Path:
     """One avspo-train run; returns its folder (skipped when its metrics are complete)."""
-    from avspo_openrlhf.cpu.quickstart import _data, train_flags
+    from avspo_openrlhf.cli.quickstart import _data, train_flags
 
     out = root / mode / f"seed{seed}"
     if (out / "DONE").exists():
@@ -218,7 +218,7 @@ def learning(a, root: Path) -> dict:
             if not (run / "summary.json").exists():
                 extra = ["--sync"] if q is None else ["--", "--train.async_queue_size", str(q), *MODES[mode][2]]
                 print(f"[async] learning {mode} seed {seed} -> {run}", flush=True)
-                subprocess.run([sys.executable, "-m", "avspo_openrlhf.cpu.quickstart", "--out", str(run), "--seed",
+                subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.quickstart", "--out", str(run), "--seed",
                                 str(seed), *extra], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
             out.setdefault(mode, {})[seed] = json.loads((run / "summary.json").read_text())
     return out

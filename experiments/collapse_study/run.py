@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from avspo_openrlhf.cpu import quickstart as qs
+from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.report import read_metrics
 
 # the settings the study was measured with (the quickstart's defaults when it ran; pinned here so a

@@ -3,7 +3,7 @@ interval per seed and level (what the README reports).
 
     python experiments/quickstart_default/run.py --seeds 0 1 2 --out runs/quickstart_seeds
 
-Each seed is ``python -m avspo_openrlhf.cpu.quickstart --seed S`` in its own folder (the seed also
+Each seed is ``python -m avspo_openrlhf.cli.quickstart --seed S`` in its own folder (the seed also
 draws the training and held-out problems); a finished seed is not rerun. Writes ``results.md``,
 ``results.json`` and ``heldout_accuracy_seed<S>.png`` next to ``--out``'s seed folders.
 """
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         run = out / f"seed{seed}"
         if not (run / "summary.json").exists():
             print(f"[seeds] quickstart seed {seed} -> {run}", flush=True)
-            cmd = [sys.executable, "-m", "avspo_openrlhf.cpu.quickstart", "--out", str(run), "--seed", str(seed)]
+            cmd = [sys.executable, "-m", "avspo_openrlhf.cli.quickstart", "--out", str(run), "--seed", str(seed)]
             subprocess.run([*cmd, *args.extra], check=True)
         results[seed] = json.loads((run / "summary.json").read_text())
         shutil.copy(run / "report" / "plots" / "heldout_accuracy.png", res_dir / f"heldout_accuracy_seed{seed}.png")

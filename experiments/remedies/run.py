@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from avspo_openrlhf.cpu import quickstart as qs
+from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.report import read_metrics
 
 # The task mix: at the start ~58 % of SmolLM2-135M's groups (G=8, T=0.7, 32 tokens) collapse, nearly

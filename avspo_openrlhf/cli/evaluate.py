@@ -16,9 +16,8 @@ from pathlib import Path
 
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
-
-from .generators import Decoding, FileGenerator, OracleGenerator, VLLMGenerator
-from .runner import (
+from avspo_openrlhf.math_eval.generators import Decoding, FileGenerator, OracleGenerator, VLLMGenerator
+from avspo_openrlhf.math_eval.runner import (
     ALL,
     BENCHMARKS,
     evaluate_model,

@@ -126,7 +126,7 @@ def eval_flags(args, model: str, heldout: str, out: Path) -> list[str]:
 
 def _eval(model: str, heldout: str, out: Path, args, log: Path) -> dict:
     if not (out / "summary.json").exists():
-        _run([sys.executable, "-m", "avspo_openrlhf.evaluation.cli", *eval_flags(args, model, heldout, out)], log)
+        _run([sys.executable, "-m", "avspo_openrlhf.cli.evaluate", *eval_flags(args, model, heldout, out)], log)
     return json.loads((out / "summary.json").read_text())["benchmarks"]["arith"]
 
 

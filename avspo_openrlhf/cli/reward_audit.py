@@ -29,10 +29,10 @@ import re
 import sys
 from pathlib import Path
 
-from ..data.io import read_jsonl, write_jsonl
-from .extract import all_boxes, extract_answer, final_boxes, last_boxed
-from .pool import VerifierPool
-from .verify import STATUSES
+from avspo_openrlhf.data.io import read_jsonl, write_jsonl
+from avspo_openrlhf.rewards.extract import all_boxes, extract_answer, final_boxes, last_boxed
+from avspo_openrlhf.rewards.pool import VerifierPool
+from avspo_openrlhf.rewards.verify import STATUSES
 
 
 def _score(pool, completions, golds, desc, verifier="project"):

@@ -17,8 +17,8 @@ import statistics
 import sys
 from collections import Counter
 
-from .calibrate import calibrate, load_rows
-from .pipeline import Dist, PipelineConfig, Workload, ideal_speedup, lock_bound_speedup, simulate
+from avspo_openrlhf.sim.calibrate import calibrate, load_rows
+from avspo_openrlhf.sim.pipeline import Dist, PipelineConfig, Workload, ideal_speedup, lock_bound_speedup, simulate
 
 COLUMNS = ["mode", "step_s", "samples_per_s", "speedup", "ideal", "efficiency", "trainer/idle_ratio",
            "rollouter/idle_ratio", "staleness_mean", "staleness_max", "rejected_batches"]  # fmt: skip
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = predict(w, cfgs, args.steps, args.seeds)
             print(table(rows))
             if args.gantt:
-                from .plots import plot_gantt
+                from avspo_openrlhf.sim.plots import plot_gantt
 
                 runs = {c.label: simulate(w, c, 6, 0) for c in cfgs[:2]}
                 plot_gantt({k: (r.steps, r.spans) for k, r in runs.items()}, args.gantt, "simulated")

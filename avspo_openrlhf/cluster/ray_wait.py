@@ -1,6 +1,6 @@
 """Wait until every node of a SLURM allocation has joined the Ray cluster with its GPUs.
 
-    python -m avspo_openrlhf.launch.ray_wait --address HEAD_IP:PORT --nodes n1 n2 --gpus-per-node 8 --timeout 600
+    python -m avspo_openrlhf.cluster.ray_wait --address HEAD_IP:PORT --nodes n1 n2 --gpus-per-node 8 --timeout 600
 
 Polls ``ray.nodes()`` (not a fixed ``sleep``) every ``--interval`` seconds. Exits 0 once every
 expected host is alive with at least ``--gpus-per-node`` GPUs; exits 1 at the timeout with one line

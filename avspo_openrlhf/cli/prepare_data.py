@@ -15,9 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .io import DataError, LoadReport, load_hub, load_local, write_jsonl
-from .sources import SOURCES
-from .tasks import ARITH_LEVELS, TEMPLATES, level3_proxy, make_prompt, select_by_accuracy, synthetic_arithmetic
+from avspo_openrlhf.data.io import DataError, LoadReport, load_hub, load_local, write_jsonl
+from avspo_openrlhf.data.sources import SOURCES
+from avspo_openrlhf.data.tasks import (
+    ARITH_LEVELS,
+    TEMPLATES,
+    level3_proxy,
+    make_prompt,
+    select_by_accuracy,
+    synthetic_arithmetic,
+)
 
 
 def _load(name: str, path: str | None, skip_bad_rows: bool) -> LoadReport:
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "level3-proxy":
                 rows = level3_proxy(report.rows, args.n, args.seed)
             else:
-                from ..rewards import VerifierPool
+                from avspo_openrlhf.rewards import VerifierPool
 
                 candidates = report.rows[: args.candidates] if args.candidates else report.rows
                 with VerifierPool() as pool:

@@ -1,0 +1,95 @@
+"""The package's layers only go down: a module imports (at top level or inside a function) only
+from its own layer or the ones below, and no two parts of one layer import each other. A new
+import that climbs a stair fails here, naming the file and the line."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "avspo_openrlhf"
+
+# lowest first; each entry: the top-level modules or subpackages of avspo_openrlhf in that layer
+LAYERS = [
+    ("base: the pure math and small utilities", {"algo", "redaction", "ray_auth", "folder_lock", "swap", "__init__"}),
+    ("rewards", {"rewards"}),
+    ("data", {"data"}),
+    ("reports and the pipeline simulator", {"report", "sim"}),
+    ("trainer: the OpenRLHF integration", {"trainer"}),
+    (
+        "backends: CPU backend, benchmark evaluation, run-time replacements, cluster helpers",
+        {"cpu", "math_eval", "install", "cluster"},
+    ),  # fmt: skip
+    ("applications: every console script and the quickstart", {"cli"}),
+]
+LAYER_OF = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
+
+
+def _unit(path: Path) -> str:
+    rel = path.relative_to(PKG)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _imports(path: Path):
+    """``(line, target unit)`` of every import of another part of the package in ``path``."""
+    rel_parts = path.relative_to(PKG).parent.parts
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this file's package
+                base = rel_parts[: len(rel_parts) - (node.level - 1)]
+                names = [".".join(("avspo_openrlhf", *base, *([node.module] if node.module else [])))]
+                if not node.module:
+                    names = [f"{names[0]}.{a.name}" for a in node.names]
+            else:
+                names = [node.module or ""]
+                if node.module == "avspo_openrlhf":
+                    names = [f"avspo_openrlhf.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "avspo_openrlhf" and len(parts) > 1:
+                yield node.lineno, parts[1]
+
+
+def _edges():
+    for path in sorted(PKG.rglob("*.py")):
+        src = _unit(path)
+        for line, dst in _imports(path):
+            if dst != src:
+                yield path, line, src, dst
+
+
+def test_every_part_of_the_package_has_a_layer():
+    units = {_unit(p) for p in PKG.rglob("*.py")}
+    assert units <= set(LAYER_OF), f"parts without a layer (add them to LAYERS): {sorted(units - set(LAYER_OF))}"
+
+
+def test_imports_only_go_down():
+    ups = [f"{path.relative_to(PKG.parent)}:{line}: {src} ({LAYERS[LAYER_OF[src]][0].split(':')[0]}) imports {dst} "
+           f"({LAYERS[LAYER_OF[dst]][0].split(':')[0]})"
+           for path, line, src, dst in _edges() if LAYER_OF[dst] > LAYER_OF[src]]  # fmt: skip
+    assert not ups, "imports that climb a layer:\n" + "\n".join(ups)
+
+
+def test_no_loop_inside_a_layer():
+    pairs = {(src, dst) for _, _, src, dst in _edges()}
+    loops = sorted({tuple(sorted(p)) for p in pairs if (p[1], p[0]) in pairs})
+    assert not loops, f"parts of one layer that import each other: {loops}"
+
+
+def test_the_check_sees_a_stair_up(tmp_path, monkeypatch):
+    """The check itself: an import of cli from the trainer layer is reported with its line."""
+    fake = tmp_path / "avspo_openrlhf"
+    (fake / "trainer").mkdir(parents=True)
+    (fake / "cli").mkdir()
+    (fake / "trainer" / "x.py").write_text(
+        "import os\n\ndef f():\n    from avspo_openrlhf.cli.interrupt import INTERRUPT\n"
+    )
+    (fake / "cli" / "y.py").write_text("from ..trainer import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", fake)
+    edges = sorted((p.name, line, s, d) for p, line, s, d in _edges())
+    assert edges == [("x.py", 4, "trainer", "cli"), ("y.py", 1, "cli", "trainer")]
+    assert [(name, line) for name, line, s, d in edges if LAYER_OF[d] > LAYER_OF[s]] == [("x.py", 4)]
