@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES
+from helpers import FIXTURES, tiny_assets
 
 from avspo_openrlhf.algo import AdaptiveThreshold
 from avspo_openrlhf.cpu.models import model_is_complete
@@ -27,16 +27,7 @@ pytest.importorskip("deepspeed")
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from avspo_openrlhf.cpu.tiny import build_tiny_model
-    from avspo_openrlhf.data.io import write_jsonl
-    from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
-
-    root = tmp_path_factory.mktemp("cpu")
-    rows = synthetic_arithmetic(32, ["add1", "add2"], seed=0)
-    for r in rows:
-        r["prompt"] = make_prompt(r["problem"])
-    write_jsonl(rows, str(root / "arith.jsonl"))
-    return {"model": build_tiny_model(str(root / "tiny")), "data": str(root / "arith.jsonl")}
+    return tiny_assets(tmp_path_factory.mktemp("cpu"))
 
 
 def _flags(assets, out: Path, *extra):

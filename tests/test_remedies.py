@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from helpers import tiny_assets
 from test_preflight import GOOD, _fails, _flags, _rows
 
 from avspo_openrlhf.algo import (
@@ -282,16 +283,7 @@ def test_ngrpo_and_rl_zvp_train_through_avspo_train(cpu_run, tmp_path_factory):
 
 
 def _assets(tmp_path_factory):
-    from avspo_openrlhf.cpu.tiny import build_tiny_model
-    from avspo_openrlhf.data.io import write_jsonl
-    from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
-
-    root = tmp_path_factory.mktemp("remedies")
-    rows = synthetic_arithmetic(32, ["add1", "add2"], seed=0)
-    for r in rows:
-        r["prompt"] = make_prompt(r["problem"])
-    write_jsonl(rows, str(root / "arith.jsonl"))
-    return {"model": build_tiny_model(str(root / "tiny")), "data": str(root / "arith.jsonl")}
+    return tiny_assets(tmp_path_factory.mktemp("remedies"))
 
 
 @pytest.mark.slow
