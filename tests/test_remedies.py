@@ -298,6 +298,11 @@ def test_greso_with_avspo_skips_stops_at_the_token_budget_and_resumes_its_histor
     cpu_run._train(_remedy_flags(cpu_run, assets, out, *common, "--run.max_steps", "10"))
     first, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     assert [r["step"] for r in first] == list(range(1, 11))
+    # resumed with the same --run.max_steps: already reached, so no step is trained (it used to train one more)
+    shutil.rmtree(out / "final")
+    log = cpu_run._train(_remedy_flags(cpu_run, assets, out, *common, "--run.max_steps", "10"))
+    assert "--run.max_steps 10 reached before this batch" in log
+    assert [r["step"] for r in read_metrics(str(out / "report" / "metrics.jsonl"))[0]] == list(range(1, 11))
     # part 2: the same run resumed (its checkpoint of step 10) until its tokens reach a budget
     budget = int(first[-1]["tokens/generated_cum"] + 1200)
     shutil.rmtree(out / "final")

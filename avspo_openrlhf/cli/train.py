@@ -231,6 +231,8 @@ def _run(argv: list[str], dry_run: bool):
             lock_folder(folder, "avspo-train")  # one training per run folder, held until exit
     except (PreflightError, FolderBusy) as e:
         _fail(str(e))
+    for wrapper in config.guard_reward_files(args):  # after preflight checked the user's file
+        print(f"[avspo] reward file under a {args.run.reward_timeout_s:g} s timeout per call: {wrapper}")
     if threading.current_thread() is threading.main_thread():
         install_interrupt_handler(args)
     if args.backend == "cpu":

@@ -41,6 +41,12 @@ class RunConfig:
         "Stop after the step at which the tokens generated for training (filtered groups, refills and GRESO-kept prompts included; evaluation and GRESO audits not) reach this budget: compare remedies at equal generation.",
         metavar="TOKENS",
     )
+    reward_timeout_s: float = flag(
+        60.0,
+        "A reward file of yours (--reward.remote_url x.py) runs in worker processes: a call that takes longer than this is killed and the run stops with an error naming the file (this package's reward files have their own limits).",
+    )
+    reward_memory_mb: int = flag(8192, "Address-space cap of each of those workers in MB (0: none).")
+    reward_workers: int = flag(2, "Worker processes per rollout engine for a reward file of yours.")
 
 
 @dataclass(frozen=True)
@@ -283,6 +289,8 @@ def validate(args) -> None:
         if n < 2:
             raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
         build_greso(args)  # its own checks (p within bounds, shares in [0, 1]) as one line
+    if cfg.run.reward_timeout_s <= 0 or cfg.run.reward_memory_mb < 0 or cfg.run.reward_workers < 1:
+        raise ValueError("--run.reward_timeout_s must be > 0, --run.reward_memory_mb >= 0, --run.reward_workers >= 1")
     budget = cfg.run.max_generated_tokens
     if budget is not None and budget < 1:
         raise ValueError(f"--run.max_generated_tokens must be >= 1, got {budget}")
@@ -336,3 +344,29 @@ def build_greso(args):
     return GRESOSelector(p_easy=g.p_easy, p_hard=g.p_hard, target_easy=g.target_easy, target_hard=g.target_hard,
                          delta=g.delta, p_bounds=g.p_bounds, min_keep=g.min_keep, audit=g.audit, seed=seed,
                          tol=cfg.acr.tol, reward_range=cfg.acr.reward_range)  # fmt: skip
+
+
+def guard_reward_files(args) -> list[str]:
+    """Point OpenRLHF at a guarded wrapper (rewards/guard.py) of every reward file of the user's:
+    a hard timeout and a memory cap per call, errors that name the file. The wrappers live in
+    ``<ckpt.path>/.avspo``, which every Ray process of the run reads. Returns the user files wrapped."""
+    import os
+
+    from avspo_openrlhf.rewards.guard import write_guard_file
+
+    urls = args.reward.remote_url
+    if not urls:
+        return []
+    as_list = urls if isinstance(urls, list) else str(urls).split(",")
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = settings(args).run
+    wrapped, out = [], []
+    for url in as_list:
+        local = url.endswith(".py") and os.path.isfile(url)
+        if local and not os.path.abspath(url).startswith(ours + os.sep):
+            folder = os.path.join(args.ckpt.path, ".avspo")
+            url = write_guard_file(url, folder, run.reward_timeout_s, run.reward_memory_mb or None, run.reward_workers)
+            wrapped.append(url)
+        out.append(url)
+    args.reward.remote_url = out if isinstance(urls, list) else ",".join(out)
+    return wrapped

@@ -264,6 +264,8 @@ class AVSPOSamplesGenerator(SamplesGenerator):
 
     def _process_response_into_experience(self, response, **generate_kwargs):
         exp = super()._process_response_into_experience(response, **generate_kwargs)
+        if exp.rewards is None and self.args.reward.remote_url:
+            self._no_reward()
         if self._training_call:  # every response generated for training, kept or filtered
             tokens = sum(end - start for start, end in response["action_ranges"])
             if self._auditing:
@@ -276,6 +278,19 @@ class AVSPOSamplesGenerator(SamplesGenerator):
         source = str(self.ds_of.get(response["prompt"], "default")) if self._training_call else None
         exp.rollout_meta = RolloutMeta(policy_version=self._version, datasource=source)
         return exp
+
+    def _no_reward(self):
+        """OpenRLHF turns an exception of the reward file into "no reward" (logged at info level):
+        stop here with the reason instead of training on nothing or failing later without one."""
+        import os
+
+        from avspo_openrlhf.rewards.guard import guard_error_file
+
+        path = guard_error_file(os.path.join(self.args.ckpt.path, ".avspo"))
+        reason = open(path, encoding="utf-8").read().strip() if os.path.exists(path) else ""
+        raise RuntimeError(
+            f"[avspo] no reward for a completion: {reason or 'the reward file raised (see the engine log)'}"
+        )
 
     def _generate_std_filtered(self, dataloader_iter, num_prompts: int, **generate_kwargs):
         """DAPO dynamic sampling: keep a group only if its reward std >= --acr.tol; every dropped

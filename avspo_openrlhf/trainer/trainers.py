@@ -114,7 +114,12 @@ class AVSPOTrainerMixin:
 
     # ── one step ──
     def train_step(self, rollout_samples, global_step: int):
-        if self.stop_reason:  # batches already in flight when an alarm stopped the run
+        if not self.stop_reason and self._limit_reason(global_step):
+            # a resumed run that had already reached --run.max_steps / the token budget: no extra step
+            self.stop_reason = self._limit_reason(global_step)
+            logger.info(f"[avspo] {self.stop_reason} before this batch: not trained")
+            self._request_stop()
+        if self.stop_reason:  # batches already in flight when the run was stopped
             return {SKIPPED: True}, global_step
         t_start = time.time()
         self._lock_wait_s = 0.0
@@ -228,11 +233,7 @@ class AVSPOTrainerMixin:
             logger.warning(f"[avspo] {self.stop_reason}: checkpoint saved in {self.args.ckpt.path}")
             self._request_stop()
             return
-        limit, budget = self.cfg.run.max_steps, self.cfg.run.max_generated_tokens
-        if limit is not None and global_step >= limit:
-            self.stop_reason = f"--run.max_steps {limit} reached"
-        elif budget is not None and self.counters.get("generated_tokens", 0.0) >= budget:
-            self.stop_reason = f"--run.max_generated_tokens {budget} reached ({self.counters['generated_tokens']:.0f})"
+        self.stop_reason = self._limit_reason(global_step)
         if self.stop_reason:
             logger.info(f"[avspo] {self.stop_reason}")
             self._request_stop()
@@ -247,6 +248,16 @@ class AVSPOTrainerMixin:
             f"[avspo] stopping: {self.stop_reason} (--monitor.stop_on_alarm); checkpoint in {self.args.ckpt.path}"
         )
         self._request_stop()
+
+    def _limit_reason(self, global_step: int) -> str:
+        """Why the run must not train another step (``--run.max_steps``, the token budget), or ""."""
+        limit, budget = self.cfg.run.max_steps, self.cfg.run.max_generated_tokens
+        if limit is not None and global_step >= limit:
+            return f"--run.max_steps {limit} reached"
+        tokens = self.counters.get("generated_tokens", 0.0)
+        if budget is not None and tokens >= budget:
+            return f"--run.max_generated_tokens {budget} reached ({tokens:.0f})"
+        return ""
 
     def _save_now(self, global_step: int, client_states: dict) -> None:
         if global_step % self.args.ckpt.save_steps == 0:
