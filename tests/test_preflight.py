@@ -72,3 +72,45 @@ def test_check_helpers(tmp_path):
     check_model("gpt2")
     with pytest.raises(PreflightError, match="no config.json"):
         check_model(str(tmp_path))
+
+
+def test_datasets_in_other_forms_are_checked_before_ray(tmp_path, capsys, monkeypatch):
+    """A folder, a .csv, a .parquet and a hub id used to fail only after Ray, vLLM and DeepSpeed
+    had started; OpenRLHF loads all of them, so they are checked here the way it will read them."""
+    empty = tmp_path / "empty_dir"
+    empty.mkdir()
+    assert "a folder with no dataset in it" in _fails(capsys, _flags(tmp_path, empty))
+    csv = tmp_path / "rows.csv"
+    csv.write_text("question,answer\nWhat is 1+1?,2\n")
+    assert "rows.csv: no column 'prompt' (columns: question, answer)" in _fails(capsys, _flags(tmp_path, csv))
+    csv.write_text('prompt,answer\n"What is 1+1?",2\n"What is 2+2?",4,extra\n')
+    assert "rows.csv:3: 3 fields, the header has 2" in _fails(capsys, _flags(tmp_path, csv))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"question": ["x"], "answer": ["1"]}), tmp_path / "rows.parquet")
+    assert "rows.parquet: no column 'prompt'" in _fails(capsys, _flags(tmp_path, tmp_path / "rows.parquet"))
+    folder = tmp_path / "with_rows"
+    folder.mkdir()
+    (folder / "part.jsonl").write_text(GOOD[0] + "\n{broken\n")
+    assert f"{folder / 'part.jsonl'}:2: broken JSON" in _fails(capsys, _flags(tmp_path, folder))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "the hub is offline (HF_HUB_OFFLINE) with no cached copy of this dataset id" in _fails(
+        capsys, _flags(tmp_path, "someorg/no-such-dataset-xyz")
+    )
+
+
+def test_labels_math_verify_cannot_parse_are_reported(tmp_path, capsys):
+    from avspo_openrlhf.cli.preflight import check_labels
+
+    rows = [json.dumps({"prompt": "q", "answer": a}) for a in ["2", "\\frac{1}{2}", "", "\\"]]
+    msg = check_labels(str(_rows(tmp_path, rows)), "answer")
+    assert msg.startswith("[avspo] warning: 2 of 4 labels math-verify cannot parse") and "prompts.jsonl:3: ''" in msg
+    assert check_labels(str(_rows(tmp_path, rows[:2], "ok.jsonl")), "answer") is None
+    bad = _rows(tmp_path, [json.dumps({"prompt": "q", "answer": ""})] * 3, "bad.jsonl")
+    with pytest.raises(PreflightError, match="none of the 3 labels .* can be parsed"):
+        check_labels(str(bad), "answer")
+    # through avspo-train with the math reward: every label unparsable is one line before Ray
+    from avspo_openrlhf.rewards import openrlhf_reward
+
+    assert "none of the 3 labels" in _fails(capsys, _flags(tmp_path, bad, reward=openrlhf_reward.__file__))

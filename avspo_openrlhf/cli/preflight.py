@@ -9,26 +9,102 @@ import os
 import sys
 
 DATA_SUFFIXES = (".jsonl", ".json")
+TABLE_SUFFIXES = (".csv", ".parquet", ".arrow")  # OpenRLHF loads these too (blending_datasets)
+SAVED_DATASET_FILES = ("dataset_info.json", "state.json", "dataset_dict.json")  # Dataset.save_to_disk
 
 
 class PreflightError(ValueError):
     pass
 
 
-def _local_files(spec: str | None) -> list[str]:
-    """The local dataset files of an OpenRLHF dataset argument (comma-separated; hub ids and
-    other formats are left to OpenRLHF)."""
+def _offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))  # fmt: skip
+
+
+def _local_files(spec: str | None, keys: list[str] | None = None) -> list[str]:
+    """The local row files (.jsonl/.json) of an OpenRLHF dataset argument (comma-separated), after
+    checking what else it names: a .csv/.parquet/.arrow file has the keys as columns, a folder holds
+    a saved dataset or data files, a hub id is reachable (not offline without a cached copy)."""
     out = []
     for part in (spec or "").split(","):
-        part = part.strip()
+        part = part.strip().split("@")[0].strip()  # OpenRLHF's "path@data_dir"
         if not part:
             continue
-        if part.endswith(DATA_SUFFIXES) or os.path.sep in part and os.path.exists(part):
-            if not os.path.exists(part):
-                raise PreflightError(f"{part}: no such file")
-            if os.path.isfile(part) and part.endswith(DATA_SUFFIXES):
-                out.append(part)
+        if part.endswith(DATA_SUFFIXES + TABLE_SUFFIXES) and not os.path.exists(part):
+            raise PreflightError(f"{part}: no such file")
+        if os.path.isdir(part):
+            out += _folder_files(part)
+        elif part.endswith(TABLE_SUFFIXES):
+            _check_table(part, keys or [])
+        elif part.endswith(DATA_SUFFIXES):
+            out.append(part)
+        elif (
+            os.path.sep in part
+            and not os.path.exists(part)
+            and (part.startswith((".", "/", "~")) or part.count("/") > 1)
+        ):
+            raise PreflightError(f"{part}: no such file or folder")
+        elif not os.path.exists(part) and _offline() and not _dataset_cached(part):
+            raise PreflightError(f"{part}: not a local file or folder, and the hub is offline (HF_HUB_OFFLINE) with no "
+                                 "cached copy of this dataset id; give a local .jsonl (avspo-prepare-data writes one)")  # fmt: skip
     return out
+
+
+def _folder_files(folder: str) -> list[str]:
+    names = os.listdir(folder)
+    if any(n in names for n in SAVED_DATASET_FILES):
+        return []  # a Dataset.save_to_disk folder: OpenRLHF's load_from_disk reads it
+    rows = sorted(os.path.join(folder, n) for n in names if n.endswith(DATA_SUFFIXES))
+    if rows or any(n.endswith(TABLE_SUFFIXES) for n in names):
+        return rows
+    raise PreflightError(f"{folder}: a folder with no dataset in it (no .jsonl/.json/.csv/.parquet file, no "
+                         "Dataset.save_to_disk files)")  # fmt: skip
+
+
+def _check_table(path: str, keys: list[str]) -> None:
+    """A .csv/.parquet/.arrow file has the needed columns (and, for .csv, every row its columns)."""
+    if path.endswith(".csv"):
+        import csv
+
+        with open(path, newline="", encoding="utf-8", errors="replace") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if not header:
+                raise PreflightError(f"{path}: no rows")
+            for lineno, row in enumerate(reader, 2):
+                if row and len(row) != len(header):
+                    raise PreflightError(f"{path}:{lineno}: {len(row)} fields, the header has {len(header)}")
+        columns = header
+    else:
+        try:
+            import pyarrow.parquet as pq
+
+            columns = pq.read_schema(path).names if path.endswith(".parquet") else _arrow_columns(path)
+        except Exception as e:  # noqa: BLE001 - unreadable: say so in one line
+            raise PreflightError(f"{path}: cannot read it ({type(e).__name__}: {e})") from None
+    missing = [k for k in keys if k not in columns]
+    if missing:
+        raise PreflightError(f"{path}: no column {', '.join(map(repr, missing))} (columns: {', '.join(columns[:8])})")
+
+
+def _arrow_columns(path: str) -> list[str]:
+    import pyarrow as pa
+
+    with pa.memory_map(path) as source:
+        try:
+            return pa.ipc.open_stream(source).schema.names
+        except pa.ArrowInvalid:
+            return pa.ipc.open_file(source).schema.names
+
+
+def _dataset_cached(name: str) -> bool:
+    try:
+        from huggingface_hub import scan_cache_dir
+
+        return any(r.repo_id == name and r.repo_type == "dataset" for r in scan_cache_dir().repos)
+    except Exception:  # noqa: BLE001 - no cache folder yet, or an old hub library: not cached
+        return False
 
 
 def check_rows(path: str, keys: list[str], max_report: int = 3) -> dict | None:
@@ -183,19 +259,80 @@ def check_checkpoints(args) -> None:
                 raise PreflightError(str(e)) from None
 
 
+_LABEL_CHECK = r"""
+import json, sys
+from avspo_openrlhf.data.io import iter_raw
+from avspo_openrlhf.rewards.verify import _parse_gold
+path, key, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+bad, n = [], 0
+for lineno, row in iter_raw(path):
+    if not isinstance(row, dict) or key not in row:
+        continue
+    n += 1
+    label = str(row[key])
+    try:
+        ok = bool(label.strip()) and bool(_parse_gold(label))
+    except Exception:
+        ok = False
+    if not ok:
+        bad.append(f"{path}:{lineno}: {label[:60]!r}")
+    if n >= limit:
+        break
+print(json.dumps({"checked": n, "bad": bad}))
+"""
+
+
+def check_labels(path: str, label_key: str, limit: int = 2000, timeout_s: float = 120.0) -> str | None:
+    """The math reward compares answers with math-verify's parse of each label: a label it cannot
+    parse makes every answer to that prompt wrong. Checks the first ``limit`` rows in a child
+    process (killed at the deadline); all unparsable is an error, some is a warning returned as one
+    line (None when all parse)."""
+    import subprocess
+
+    try:
+        r = subprocess.run([sys.executable, "-c", _LABEL_CHECK, path, label_key, str(limit)], capture_output=True,
+                           text=True, timeout=timeout_s)  # fmt: skip
+        result = json.loads(r.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        return f"[avspo] {path}: the label check did not finish in {timeout_s:.0f} s (labels not checked)"
+    except (json.JSONDecodeError, IndexError):
+        return f"[avspo] {path}: the label check failed ({(r.stderr or '').strip().splitlines()[-1:]})"
+    n, bad = result["checked"], result["bad"]
+    if n and len(bad) == n:
+        raise PreflightError(f"{path}: none of the {n} labels ({label_key!r}) can be parsed by math-verify, so every "
+                             f"answer would be scored wrong; e.g. {bad[0]}")  # fmt: skip
+    if bad:
+        more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
+        return (f"[avspo] warning: {len(bad)} of {n} labels math-verify cannot parse (those prompts always score "
+                f"0): " + "; ".join(bad[:3]) + more)  # fmt: skip
+    return None
+
+
+def _uses_math_reward(urls) -> bool:
+    from avspo_openrlhf.rewards import openrlhf_reward
+
+    target = os.path.abspath(openrlhf_reward.__file__)
+    return any(os.path.abspath(u) == target for u in ([urls] if isinstance(urls, str) else urls or []))
+
+
 def preflight(args) -> None:
     """All checks; raises :class:`PreflightError` with one line."""
     check_checkpoints(args)
     data = args.data
     keys = [data.input_key] + ([data.label_key] if data.label_key else [])
     first = None
-    for path in _local_files(data.prompt_dataset):
+    for path in _local_files(data.prompt_dataset, keys):
         row = check_rows(path, keys)
         first = first or row
-    for path in _local_files(getattr(args.eval, "dataset", None)):
+    for path in _local_files(getattr(args.eval, "dataset", None), keys):
         check_rows(path, keys)
     check_model(args.actor.model_name_or_path)
     urls = args.reward.remote_url  # OpenRLHF's checks split "a,b" into a list
     for url in [urls] if isinstance(urls, str) else urls or []:
         if url.endswith(".py"):
             check_reward_file(url, first, data.input_key, data.label_key)
+    if data.label_key and _uses_math_reward(urls):
+        for path in _local_files(data.prompt_dataset, keys):
+            warning = check_labels(path, data.label_key)
+            if warning:
+                print(warning, file=sys.stderr)
