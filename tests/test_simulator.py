@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -162,8 +163,11 @@ def test_calibration_needs_the_timing_fields(tmp_path):
         calibrate(load_rows(str(path)))
     with pytest.raises(ValueError, match="timeline"):
         measured_timeline(load_rows(str(path)))
-    with pytest.raises(ValueError, match="no training steps"):
+    with pytest.raises(ValueError, match="missing.jsonl: no such file"):
         load_rows(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no training steps"):
+        load_rows(str(tmp_path / "empty.jsonl"))
     with pytest.raises(ValueError, match="finite"):
         Dist((float("nan"),))
 
@@ -191,3 +195,65 @@ def test_cli_from_metrics_phase_times_and_cluster(tmp_path, capsys):
     assert simulate_main(["--from-metrics", str(tmp_path / "none.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("avspo-simulate: error:")
+
+
+def test_one_warm_up_rule_for_rates_and_calibration():
+    """Step 2 still pays warm-up here (4 s against 1 s): rates and calibration both keep it (they
+    leave out step 1 only), so the simulator fed this run predicts this run's rate."""
+    from avspo_openrlhf.sim.pipeline import WARMUP_STEPS, steady
+
+    gen = [5.0, 3.0, 0.5, 0.5, 0.5, 0.5]  # step 1 warm, step 2 slow, then steady
+    rows, t = [], 0.0
+    for i, g in enumerate(gen, 1):  # a sync run: generate, train 0.5 s, no sync
+        rows.append({"step": i, "timing/generation": g, "timing/make_experience": 0.2, "timing/ppo_train": 0.3,
+                     "timing/broadcast": 0.0, "timeline/gen_start": t, "timeline/gen_end": t + g,
+                     "timeline/step_start": t + g, "timeline/step_end": t + g + 0.5})  # fmt: skip
+        t += g + 0.5
+    steps, spans = measured_timeline(rows)
+    measured = summarize(steps, spans, 1.0, 0.0)["step_s"]
+    assert WARMUP_STEPS == 1 and steady(rows) == rows[1:]
+    assert measured == pytest.approx((3.5 + 4 * 1.0) / 5)  # steps 2..6: the slow step 2 included
+    w = calibrate(rows)
+    assert w.gen.mean == pytest.approx(sum(gen[1:]) / 5)  # the same steps
+    assert simulate(w, PipelineConfig("sync"), 2000, 0).summary()["step_s"] == pytest.approx(measured, rel=0.05)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--phase-times", "0", "0", "0"],
+            "--phase-times: phase times must be >= 0 with some generation or training time",
+        ),
+        (["--phase-times", "1", "1", "0", "--seeds", "0"], "--seeds must be >= 1"),
+        (["--phase-times", "1", "1", "0", "--engines", "0"], "--engines and --engines-ref must be >= 1"),
+        (["--from-metrics", "/no/such/metrics.jsonl"], "--from-metrics /no/such/metrics.jsonl: no such file"),
+        (["--cluster", "EMPTY"], "EMPTY: no rows"),
+        (
+            ["--cluster", "experiments/async_throughput/cluster_qwen2.5-math-1.5b.csv", "--gantt", "x.png"],
+            "--gantt draws one workload's timeline",
+        ),
+    ],
+)
+def test_simulate_cli_mistakes_are_one_line(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    argv = [str(empty) if a == "EMPTY" else a for a in argv]
+    assert simulate_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and err[0].startswith("avspo-simulate: error: ")
+        and message.replace("EMPTY", str(empty)) in err[0]
+    )
+
+
+def test_simulate_json_into_a_new_folder_and_the_ideal_follows_the_engines(tmp_path):
+    out = tmp_path / "new" / "folder" / "pred.json"
+    assert simulate_main(["--phase-times", "1", "1", "0", "--engines", "4", "--queue-size", "1", "--steps", "200",
+                          "--seeds", "2", "--json", str(out)]) == 0  # fmt: skip
+    rows = {r["mode"]: r for r in json.loads(out.read_text())}
+    # 4 engines make generation 0.25 s: the ideal is (0.25 + 1) / 1, and async q=1 reaches it
+    assert rows["async q=1"]["ideal"] == pytest.approx(1.25)
+    assert rows["async q=1"]["efficiency"] == pytest.approx(1.0, abs=0.03)

@@ -13,12 +13,21 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import statistics
 import sys
 from collections import Counter
 
 from avspo_openrlhf.sim.calibrate import calibrate, load_rows
-from avspo_openrlhf.sim.pipeline import Dist, PipelineConfig, Workload, ideal_speedup, lock_bound_speedup, simulate
+from avspo_openrlhf.sim.pipeline import (
+    WARMUP_STEPS,
+    Dist,
+    PipelineConfig,
+    Workload,
+    ideal_speedup,
+    lock_bound_speedup,
+    simulate,
+)
 
 COLUMNS = ["mode", "step_s", "samples_per_s", "speedup", "ideal", "efficiency", "trainer/idle_ratio",
            "rollouter/idle_ratio", "staleness_mean", "staleness_max", "rejected_batches"]  # fmt: skip
@@ -35,7 +44,11 @@ def configs(queue_sizes, max_staleness, partial: bool, engines=None) -> list[Pip
 
 
 def predict(workload: Workload, cfgs: list[PipelineConfig], steps: int = 200, seeds: int = 3) -> list[dict]:
-    """Mean summary over ``seeds`` simulations per config, with speedups over the sync config."""
+    """Mean summary over ``seeds`` simulations per config, with speedups over the sync config. The
+    ideal (perfect overlap of generation with training + sync) uses the generation time of the
+    engines simulated, as the simulator does (``engines`` of the configs)."""
+    if seeds < 1 or steps < 2:
+        raise ValueError(f"--seeds must be >= 1 and --steps >= 2, got {seeds} and {steps}")
     rows = []
     for cfg in cfgs:
         runs = [simulate(workload, cfg, steps, seed).summary() for seed in range(seeds)]
@@ -48,7 +61,8 @@ def predict(workload: Workload, cfgs: list[PipelineConfig], steps: int = 200, se
         )
         rows.append(row)
     base = next(r for r in rows if r["mode"] == "sync")["step_s"]
-    tg, tt, ts = workload.gen.mean, workload.train.mean, workload.sync.mean
+    engines = next((c.engines for c in cfgs if c.engines), None) or workload.engines_ref
+    tg, tt, ts = workload.gen.mean * workload.engines_ref / engines, workload.train.mean, workload.sync.mean
     ideal = ideal_speedup(tg, tt + ts)
     for r in rows:
         r["speedup"] = base / r["step_s"]
@@ -76,10 +90,23 @@ def read_cluster(path: str) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         rows = [r for r in csv.DictReader(line for line in f if not line.lstrip().startswith("#"))]
     need = {"name", "gen_gpus", "train_gpus", "gen_s", "train_s", "sync_s"}
+    if not rows:
+        raise ValueError(f"{path}: no rows (a header and one row per GPU split: {', '.join(sorted(need))})")
     for i, r in enumerate(rows, start=2):
         if not need <= set(k for k in r if r[k] not in (None, "")):
             raise ValueError(f"{path}:{i}: needs the columns {', '.join(sorted(need))}")
+        try:
+            times = [float(r[k]) for k in ("gen_s", "train_s", "sync_s")]
+        except ValueError:
+            raise ValueError(f"{path}:{i}: gen_s, train_s and sync_s must be numbers") from None
+        _check_phase_times(times, f"{path}:{i}")
     return rows
+
+
+def _check_phase_times(times, where: str) -> None:
+    g, t, s = times
+    if min(times) < 0 or g + t + s <= 0 or g + t <= 0:
+        raise ValueError(f"{where}: phase times must be >= 0 with some generation or training time, got {g} {t} {s}")
 
 
 def predict_cluster(rows: list[dict], queue_sizes, tail_sigma: float, steps: int, seeds: int) -> list[dict]:
@@ -116,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engines-ref", type=int, default=1, help="engines of the measured run (--from-metrics)")
     p.add_argument("--tail-sigma", type=float, default=0.0,
                    help="mean-preserving lognormal noise on generation times (long-tailed response lengths)")  # fmt: skip
-    p.add_argument("--skip-steps", type=int, default=1, help="measured warm-up steps left out of the calibration")
+    p.add_argument("--skip-steps", type=int, default=WARMUP_STEPS,
+                   help="warm-up steps left out of the calibration and of every rate (one rule for both)")  # fmt: skip
     p.add_argument("--steps", type=int, default=200, help="simulated training steps per run")
     p.add_argument("--seeds", type=int, default=3, help="simulations per mode (averaged)")
     p.add_argument("--json", metavar="PATH", help="also write the predictions as JSON")
@@ -127,7 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.seeds < 1 or args.steps < 2 or args.skip_steps < 0:
+            raise ValueError(f"--seeds must be >= 1, --steps >= 2 and --skip-steps >= 0, got {args.seeds}, {args.steps}, "
+                             f"{args.skip_steps}")  # fmt: skip
+        if args.engines is not None and args.engines < 1 or args.engines_ref < 1:
+            raise ValueError(f"--engines and --engines-ref must be >= 1, got {args.engines} and {args.engines_ref}")
+        if args.phase_times:
+            _check_phase_times(args.phase_times, "--phase-times")
+        if args.from_metrics and not os.path.exists(args.from_metrics):
+            raise ValueError(f"--from-metrics {args.from_metrics}: no such file")
+        if args.json:  # before minutes of simulation, not after
+            os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         if args.cluster:
+            if args.gantt:
+                raise ValueError("--gantt draws one workload's timeline: use it with --from-metrics or --phase-times")
             rows = predict_cluster(read_cluster(args.cluster), args.queue_size, args.tail_sigma, args.steps, args.seeds)
             print(table(rows, ["split", "mode", "step_s", "steps_per_hour", "vs_best", "trainer/idle_ratio",
                                "rollouter/idle_ratio", "staleness_mean"]))  # fmt: skip

@@ -16,13 +16,17 @@ import statistics
 
 from avspo_openrlhf.report import read_metrics
 
-from .pipeline import Dist, Workload
+from .pipeline import Dist, Workload, steady
 
 TIMELINE_KEYS = ("timeline/gen_start", "timeline/gen_end", "timeline/step_start", "timeline/step_end")
 
 
 def load_rows(path: str) -> list[dict]:
     """Trained steps of a metrics.jsonl (eval rows left out), in step order."""
+    import os
+
+    if not os.path.exists(path):
+        raise ValueError(f"{path}: no such file")
     rows, _ = read_metrics(path)
     if not rows:
         raise ValueError(f"{path}: no training steps (is it a run's report/metrics.jsonl?)")
@@ -42,10 +46,10 @@ def phase_times(row: dict) -> dict:
     }
 
 
-def calibrate(rows: list[dict], skip: int = 1, tail_sigma: float = 0.0, engines: int = 1) -> Workload:
-    """A :class:`Workload` whose phase times resample the measured ones; the first ``skip`` steps
-    are left out (engine and DeepSpeed warm-up)."""
-    use = rows[skip:] if len(rows) > skip else rows
+def calibrate(rows: list[dict], skip: int | None = None, tail_sigma: float = 0.0, engines: int = 1) -> Workload:
+    """A :class:`Workload` whose phase times resample the measured ones; the warm-up steps are left
+    out by the same rule as the rates (:func:`~avspo_openrlhf.sim.pipeline.steady`)."""
+    use = steady(rows, skip)
     ph = [phase_times(r) for r in use]
     n = statistics.fmean(r.get("rollout/num_samples", 1.0) for r in use)
     length = statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in use)

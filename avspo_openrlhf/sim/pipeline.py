@@ -31,6 +31,10 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+# steps left out of every rate and calibration: the first pays for engine start, DeepSpeed
+# warm-up and filling the pipeline (one rule, so the simulator is judged on the steps it was fed)
+WARMUP_STEPS = 1
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -111,24 +115,28 @@ class SimResult:
     samples_per_step: float = 1.0
     tokens_per_step: float = 0.0
 
-    def summary(self, warmup: int = 1) -> dict:
-        """Rates over the steady state: step intervals after the first ``warmup`` trained steps
-        (the first step also pays for filling the pipeline), like the measured runs."""
+    def summary(self, warmup: int = None) -> dict:
+        """Rates over the steady state: the steps after the first ``warmup`` (default
+        :data:`WARMUP_STEPS`; the first also pays for filling the pipeline), like the measured runs."""
         return summarize(self.steps, self.spans, self.samples_per_step, self.tokens_per_step, warmup) | {
             "rejected_batches": self.rejected
         }
 
 
-def summarize(steps: list[dict], spans, samples_per_step: float, tokens_per_step: float, warmup: int = 1) -> dict:
+def summarize(steps: list[dict], spans, samples_per_step: float, tokens_per_step: float,
+              warmup: int | None = None) -> dict:  # fmt: skip
     """Throughput, idle ratios and staleness of a timeline (simulated or measured: same keys).
 
     ``steps``: dicts with ``end`` (time the step's weight sync finished) and ``staleness``;
-    ``spans``: (lane, phase, start, end) with lanes ``generator``/``trainer``."""
+    ``spans``: (lane, phase, start, end) with lanes ``generator``/``trainer``. Step k lasts from
+    the end of step k-1 (step 1: from the first span's start) to its own end; the rates average the
+    steps after the first ``warmup`` (:data:`WARMUP_STEPS`, the rule calibration uses too)."""
+    warmup = WARMUP_STEPS if warmup is None else warmup
     ends = [s["end"] for s in steps]
     t0 = min((s for _, _, s, _ in spans), default=0.0)
-    all_intervals = [b - a for a, b in zip(ends, ends[1:])]
-    # intervals between step ends from step `warmup` on; a run too short for that keeps what it has
-    intervals = all_intervals[warmup:] or all_intervals or [e - t0 for e in ends[:1]]
+    durations = [b - a for a, b in zip([t0, *ends], ends)]
+    # a run too short to leave any step after the warm-up keeps what it has
+    intervals = durations[warmup:] or durations
     step_s = sum(intervals) / len(intervals) if intervals else float("nan")
     t1 = ends[-1] if ends else t0
     wall = max(t1 - t0, 1e-12)
@@ -150,6 +158,13 @@ def summarize(steps: list[dict], spans, samples_per_step: float, tokens_per_step
         "staleness_max": max(stal) if stal else 0,
         "staleness_hist": dict(sorted(Counter(stal).items())),
     }
+
+
+def steady(rows: list, warmup: int | None = None) -> list:
+    """The steps after the warm-up: the one rule rates (:func:`summarize`) and calibration
+    (``sim/calibrate.py``) share; a run too short for it keeps everything."""
+    warmup = WARMUP_STEPS if warmup is None else warmup
+    return rows[warmup:] if len(rows) > warmup else rows
 
 
 def ideal_speedup(t_gen: float, t_train: float) -> float:

@@ -309,7 +309,9 @@ def validate(args) -> None:
             )
         elif st < 1:
             raise ValueError(
-                "--buffer.max_staleness must be >= 1 in async mode (the next batch is always 1 version behind)"
+                "--buffer.max_staleness must be >= 1 in async mode: with 0 the batches generated while the previous "
+                "step trained (about every other one) would be rejected and regenerated, slower than sync mode and "
+                "not the same; for on-policy batches use sync mode (drop --train.async_enable)"
             )
         elif st < args.train.async_queue_size:
             print(

@@ -125,8 +125,8 @@ def measure(run: Path) -> dict:
     steps, spans = measured_timeline(rows)
     n = statistics.fmean(r.get("rollout/num_samples", 0.0) for r in rows)
     toks = n * statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in rows)
-    s = summarize(steps, spans, n, toks, warmup=1)
-    w = calibrate(rows, skip=1)
+    s = summarize(steps, spans, n, toks)  # WARMUP_STEPS, the rule calibrate uses
+    w = calibrate(rows)
     s["phases"] = {"gen": w.gen.mean, "train": w.train.mean, "sync": w.sync.mean}
     s["phases"]["lock_wait"] = statistics.fmean(r.get("async/sync_lock_wait_s", 0.0) for r in rows[1:] or rows)
     s["reward"] = [(r["step"], r.get("rollout/reward_mean", 0.0)) for r in rows]
