@@ -40,6 +40,30 @@ class JsonlLogger:
     def close(self) -> None:
         pass
 
+    def truncate_after(self, step: int) -> int:
+        """A resumed run continues from the checkpoint of ``step``: rows logged after it (steps the
+        killed run trained but never checkpointed, which are trained again) are dropped, so the log
+        holds each step once, as the checkpoint knows it. Atomic; returns the rows dropped."""
+        if not os.path.exists(self.path):
+            return 0
+        with open(self.path, encoding="utf-8") as f:
+            lines = f.readlines()
+        keep = []
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line of the killed run
+            if int(row.get("step", 0)) <= step:
+                keep.append(line if line.endswith("\n") else line + "\n")
+        if len(keep) == len(lines):
+            return 0
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, self.path)
+        return len(lines) - len(keep)
+
 
 def _wandb_config(args) -> dict:
     """The run's args as a plain nested dict, secrets redacted (the wandb config is visible to

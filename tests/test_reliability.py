@@ -383,3 +383,22 @@ def test_a_missing_relative_model_path_offline_fails_before_ray(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     msg = _fails(capsys, _flags(tmp_path, _rows(tmp_path, GOOD), model="models/final"))
     assert "models/final: no such local folder, and the hub is offline" in msg
+
+
+def test_a_resumed_run_logs_each_step_once(tmp_path):
+    """Killed after logging steps 5-6 but checkpointed at 4: the resume trains 5 and 6 again, so the
+    log keeps rows up to the checkpoint only (a torn last line included in what goes)."""
+    from avspo_openrlhf.report import JsonlLogger, read_metrics
+
+    log = JsonlLogger(str(tmp_path))
+    for step in range(1, 7):
+        log.log_train(step, {"acr": step / 10})
+    log.log_eval(4, {"add1/pass1": 0.5})
+    with open(log.path, "a") as f:
+        f.write('{"step": 7, "kind": "tr')  # killed mid-write
+    assert log.truncate_after(4) == 3  # steps 5, 6 and the torn line, nothing else
+    rows, evals = read_metrics(log.path)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [e["step"] for e in evals] == [4]
+    assert log.truncate_after(4) == 0
+    log.log_train(5, {"acr": 0.9})
+    assert [r["step"] for r in read_metrics(log.path)[0]] == [1, 2, 3, 4, 5]

@@ -209,6 +209,12 @@ class AVSPOTrainerMixin:
             if checkpoint_states.get(STATE_KEY):
                 self.load_avspo_state_dict(checkpoint_states[STATE_KEY])
                 logger.info(f"[avspo] restored ACR/threshold state at step {self.policy_version}")
+            if self.cfg.report.dir and self.policy_version > 0:  # steps logged after it are trained again: once
+                from avspo_openrlhf.report import JsonlLogger
+
+                dropped = JsonlLogger(self.cfg.report.dir).truncate_after(self.policy_version)
+                if dropped:
+                    logger.info(f"[avspo] metrics.jsonl: {dropped} row(s) after step {self.policy_version} dropped")
 
     def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
         client_states = dict(client_states or {}, **{STATE_KEY: self.avspo_state_dict()})
