@@ -257,3 +257,47 @@ def test_simulate_json_into_a_new_folder_and_the_ideal_follows_the_engines(tmp_p
     # 4 engines make generation 0.25 s: the ideal is (0.25 + 1) / 1, and async q=1 reaches it
     assert rows["async q=1"]["ideal"] == pytest.approx(1.25)
     assert rows["async q=1"]["efficiency"] == pytest.approx(1.0, abs=0.03)
+
+
+def test_overhead_and_overlap_slowdown_closed_forms():
+    g, t, s, o, slow = 2.0, 1.0, 0.2, 0.1, 0.5
+    w = Workload(Dist.const(g), Dist.const(t), Dist.const(s), overhead=o, overlap_slowdown=slow)
+    # sync: nothing overlaps, the overhead adds to every step
+    assert simulate(w, PipelineConfig("sync"), 50).summary()["step_s"] == pytest.approx(g + t + s + o)
+    # async q=1: the next generation starts when the trainer takes a batch and runs at 1/(1+slow)
+    # while it trains (t), then at full speed: t + (g - t/(1+slow)), then the sync and the overhead
+    expect = t + (g - t / (1 + slow)) + s + o
+    assert simulate(w, PipelineConfig("async", 1), 200).summary()["step_s"] == pytest.approx(expect)
+    # without the two terms the model is the old one: max(g, t) + s
+    plain = Workload(Dist.const(g), Dist.const(t), Dist.const(s))
+    assert simulate(plain, PipelineConfig("async", 1), 200).summary()["step_s"] == pytest.approx(g + s)
+    # training longer than the slowed generation hides the slowdown entirely
+    long_train = Workload(Dist.const(1.0), Dist.const(3.0), Dist.const(0.2), overhead=0.1, overlap_slowdown=0.5)
+    assert simulate(long_train, PipelineConfig("async", 1), 200).summary()["step_s"] == pytest.approx(3.3)
+    with pytest.raises(ValueError, match="overlap_slowdown"):
+        Workload(Dist.const(1), Dist.const(1), overlap_slowdown=-0.1)
+
+
+def test_overhead_and_slowdown_are_calibrated_from_a_sync_and_an_async_run(tmp_path):
+    from avspo_openrlhf.sim.calibrate import overlap_calibration, step_overhead
+
+    sync_rows = _synthetic_metrics(tmp_path / "s.jsonl", [2.0] * 8, [1.0] * 8, [0.2] * 8)
+    for r in sync_rows:
+        r.pop("async/staleness")
+    # an async run: generation 15 % slower, 0.05 s between the trainer's steps that no timer covers
+    rows, end = [], 100.0
+    for i in range(8):
+        rows.append({"step": i + 1, "timing/generation": 2.3, "timing/make_experience": 0.4, "timing/ppo_train": 0.6,
+                     "timing/broadcast": 0.2, "async/sync_lock_wait_s": 0.0, "async/staleness": 1.0,
+                     "async/trainer_idle_s": 1.0, "timeline/gen_start": end - 1, "timeline/gen_end": end + 1.3,
+                     "timeline/step_start": end + 1.05, "timeline/step_end": end + 2.25})  # fmt: skip
+        end += 2.25
+    assert step_overhead(sync_rows) == pytest.approx(0.0, abs=1e-9)
+    o = overlap_calibration(sync_rows, rows)
+    assert o["overlap_slowdown"] == pytest.approx(0.15) and o["overhead"] == pytest.approx(0.05)
+    path_s, path_a = tmp_path / "sync.jsonl", tmp_path / "async.jsonl"
+    path_s.write_text("".join(json.dumps(r) + "\n" for r in sync_rows))
+    path_a.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert simulate_main(["--from-metrics", str(path_s), "--overlap-from", str(path_a), "--queue-size", "1",
+                          "--steps", "50", "--seeds", "1"]) == 0  # fmt: skip
+    assert simulate_main(["--phase-times", "1", "1", "0", "--overlap-from", str(path_a)]) == 2

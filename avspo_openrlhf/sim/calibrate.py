@@ -16,7 +16,7 @@ import statistics
 
 from avspo_openrlhf.report import read_metrics
 
-from .pipeline import Dist, Workload, steady
+from .pipeline import WARMUP_STEPS, Dist, Workload, steady
 
 TIMELINE_KEYS = ("timeline/gen_start", "timeline/gen_end", "timeline/step_start", "timeline/step_end")
 
@@ -51,6 +51,7 @@ def calibrate(rows: list[dict], skip: int | None = None, tail_sigma: float = 0.0
     out by the same rule as the rates (:func:`~avspo_openrlhf.sim.pipeline.steady`)."""
     use = steady(rows, skip)
     ph = [phase_times(r) for r in use]
+    overhead = step_overhead(rows, skip)
     n = statistics.fmean(r.get("rollout/num_samples", 1.0) for r in use)
     length = statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in use)
     return Workload(
@@ -60,7 +61,38 @@ def calibrate(rows: list[dict], skip: int | None = None, tail_sigma: float = 0.0
         engines_ref=engines,
         samples_per_step=n,
         tokens_per_step=n * length,
+        overhead=overhead,
     )
+
+
+def step_overhead(rows: list[dict], skip: int | None = None) -> float:
+    """Mean seconds per steady step that no phase timer covers: the interval between step ends
+    minus the trainer's own step (``timeline/step_*``) and its wait for a batch
+    (``async/trainer_idle_s``); in a sync run the step includes the generation. 0 without timelines."""
+    have = [r for r in rows if all(k in r for k in TIMELINE_KEYS)]
+    gaps = []
+    for prev, r in zip(have, have[1:]):
+        if r["step"] != prev["step"] + 1:
+            continue
+        interval = r["timeline/step_end"] - prev["timeline/step_end"]
+        if "async/trainer_idle_s" in r:  # async (only async logs it): the trainer's step + its wait for the queue
+            covered = r["timeline/step_end"] - r["timeline/step_start"] + r.get("async/trainer_idle_s", 0.0)
+        else:  # sync: generation, then the trainer's step
+            covered = r["timeline/step_end"] - r["timeline/gen_start"]
+        gaps.append((r["step"], max(0.0, interval - covered)))
+    warm = WARMUP_STEPS if skip is None else skip
+    use = [g for step, g in gaps if step > warm] or [g for _, g in gaps]
+    return statistics.fmean(use) if use else 0.0
+
+
+def overlap_calibration(sync_rows: list[dict], async_rows: list[dict], skip: int | None = None) -> dict:
+    """What only an overlapped run shows: how much slower generation is while training runs beside
+    it (mean async generation / mean sync generation - 1, same workload) and the async per-step
+    overhead. ``async_rows``: an async run, or a short overlapped probe (3 steps are enough)."""
+    gen = lambda rows: statistics.fmean(phase_times(r)["gen"] for r in steady(rows, skip))  # noqa: E731
+    g_sync, g_async = gen(sync_rows), gen(async_rows)
+    return {"overlap_slowdown": max(0.0, g_async / g_sync - 1.0) if g_sync > 0 else 0.0,
+            "overhead": step_overhead(async_rows, skip), "sync_overhead": step_overhead(sync_rows, skip)}  # fmt: skip
 
 
 def measured_timeline(rows: list[dict]) -> tuple[list[dict], list[tuple[str, str, float, float]]]:

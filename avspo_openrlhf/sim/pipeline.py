@@ -13,6 +13,12 @@ It follows OpenRLHF 0.11.2's trainers as this project runs them (docs/async.md h
 - ``max_staleness``: a batch generated more than this many versions before the step that would train
   it is rejected (no training, no sync): its generation was wasted (``--buffer.max_staleness``).
 
+Two terms no phase timer covers (measured on shared CPUs, docs/async.md): ``overhead``, seconds
+each trained step costs beyond its phases (queue get, lock round trips, logging), and
+``overlap_slowdown``, how much slower generation runs while the trainer trains at the same time
+(shared cores, memory bandwidth): a generation progresses at rate 1 / (1 + overlap_slowdown)
+whenever the trainer is in its train phase, at rate 1 otherwise.
+
 Staleness is the project's ``async/staleness``: the trainer's step count minus the policy version the
 engine held when the batch's generation started.
 
@@ -76,6 +82,14 @@ class Workload:
     engines_ref: int = 1
     samples_per_step: float = 1.0
     tokens_per_step: float = 0.0
+    overhead: float = 0.0  # seconds per trained step beyond the phases
+    overlap_slowdown: float = 0.0  # generation is this much slower while training runs beside it
+
+    def __post_init__(self):
+        if not (self.overhead >= 0 and math.isfinite(self.overhead)):
+            raise ValueError(f"overhead must be finite and >= 0, got {self.overhead}")
+        if not (self.overlap_slowdown >= 0 and math.isfinite(self.overlap_slowdown)):
+            raise ValueError(f"overlap_slowdown must be finite and >= 0, got {self.overlap_slowdown}")
 
 
 @dataclass(frozen=True)
@@ -272,7 +286,7 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
             g, tr, sy = gen_time(), workload.train.sample(rng), workload.sync.sample(rng)
             spans += [("generator", "generate", t, t + g), ("trainer", "train", t + g, t + g + tr),
                       ("trainer", "sync", t + g + tr, t + g + tr + sy)]  # fmt: skip
-            t += g + tr + sy
+            t += g + tr + sy + workload.overhead
             res.steps.append({"step": i + 1, "end": t, "staleness": 0, "version": i})
         return res
 
@@ -281,7 +295,24 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
     slots = _Store(sim, items=[0] * q)
     queue = _Store(sim, capacity=q)
     lock = _Store(sim, capacity=1, items=[None])
-    state = {"version": 0, "done": False, "gen": None}  # gen: the generation in progress (partial rollout)
+    # gen: the generation in progress; its end moves when a sync pauses it (partial rollout) or when
+    # the trainer starts or stops training beside it (overlap_slowdown)
+    state = {"version": 0, "done": False, "gen": None, "training": False}
+    slow = 1.0 + workload.overlap_slowdown
+
+    def rate() -> float:
+        return 1.0 / slow if state["training"] else 1.0
+
+    def reschedule(job) -> None:
+        job["left"] -= (sim.now - job["since"]) * job["rate"]
+        job["since"], job["rate"] = sim.now, rate()
+        job["end"] = sim.now + max(job["left"], 0.0) / job["rate"] + job.pop("pause", 0.0)
+        job["epoch"] += 1
+
+    def set_training(on: bool) -> None:
+        state["training"] = on
+        if state["gen"] is not None and slow != 1.0:
+            reschedule(state["gen"])
 
     def generator():
         while not state["done"]:
@@ -294,16 +325,16 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
             if sim.now > t_wait:
                 spans.append(("generator", "wait", t_wait, sim.now))
             start, version = sim.now, state["version"]
-            if config.partial_rollout:
-                job = state["gen"] = {"end": sim.now + gen_time(), "epoch": 0}
-                while True:  # a sync may push the end back while we wait
-                    epoch = job["epoch"]
-                    yield job["end"] - sim.now
-                    if job["epoch"] == epoch:
-                        break
-                state["gen"] = None
-            else:
-                yield gen_time()
+            work = gen_time()
+            job = state["gen"] = {"left": work, "since": sim.now, "rate": rate(), "epoch": 0}
+            job["end"] = sim.now + work / job["rate"]
+            while True:  # a sync (partial rollout) or the trainer (overlap) may move the end
+                epoch = job["epoch"]
+                yield job["end"] - sim.now
+                if job["epoch"] == epoch:
+                    break
+            state["gen"] = None
+            if not config.partial_rollout:
                 yield lock.put(None)
             spans.append(("generator", "generate", start, sim.now))
             yield queue.put({"version": version, "gen_start": start, "gen_end": sim.now})
@@ -311,8 +342,10 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
     def pause_generation(seconds: float) -> None:
         job = state["gen"]
         if job is not None:
-            job["end"] += seconds
-            job["epoch"] += 1
+            job["pause"] = job.get("pause", 0.0) + seconds
+            reschedule(job)
+            job["left"] += seconds * job["rate"]  # the pause costs wall time, not work: keep it in "left"
+            job.pop("pause", None)
 
     def trainer():
         step = 0
@@ -327,7 +360,9 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
                 res.rejected += 1
                 continue
             start = sim.now
+            set_training(True)
             yield workload.train.sample(rng)
+            set_training(False)
             spans.append(("trainer", "train", start, sim.now))
             t_wait = sim.now
             yield lock.get()
@@ -342,6 +377,8 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
             step += 1
             state["version"] = step
             yield lock.put(None)
+            if workload.overhead:
+                yield workload.overhead
             res.steps.append({"step": step, "end": sim.now, "staleness": staleness, "version": batch["version"]})
         state["done"] = True
 
