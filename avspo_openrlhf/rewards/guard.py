@@ -79,7 +79,7 @@ class GuardedReward:
         for _ in range(workers):
             self._idle.put(None)  # a slot; the worker starts on first use
         self._all: set = set()
-        self._lock = threading.Lock()
+        self._workers_lock = threading.Lock()
         atexit.register(self.close)
 
     def _start(self):
@@ -90,7 +90,7 @@ class GuardedReward:
         proc.start()
         child.close()
         worker = (proc, parent)
-        with self._lock:
+        with self._workers_lock:
             self._all.add(worker)
         status, detail = self._receive(worker, "loading the file")
         if status != "ready":
@@ -114,7 +114,7 @@ class GuardedReward:
         proc.kill()
         proc.join(timeout=5)
         conn.close()
-        with self._lock:
+        with self._workers_lock:
             self._all.discard(worker)
 
     def _fail(self, detail: str) -> RewardFileError:
@@ -143,7 +143,7 @@ class GuardedReward:
         return result
 
     def close(self) -> None:
-        with self._lock:
+        with self._workers_lock:
             workers = list(self._all)
         for w in workers:
             self._kill(w)

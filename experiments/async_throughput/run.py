@@ -45,6 +45,7 @@ from avspo_openrlhf.sim import (
     simulate,
     summarize,
 )
+from avspo_openrlhf.sim.pipeline import WARMUP_STEPS
 from avspo_openrlhf.sim.plots import plot_curves, plot_gantt, plot_staleness, plot_throughput
 
 HERE = Path(__file__).resolve().parent
@@ -132,6 +133,7 @@ def measure(run: Path) -> dict:
     s["reward"] = [(r["step"], r.get("rollout/reward_mean", 0.0)) for r in rows]
     s["acr"] = [(r["step"], r.get("acr", 0.0)) for r in rows]
     s["acr_effective"] = [(r["step"], r.get("acr_effective", 0.0)) for r in rows]
+    s["rejected"] = float(rows[-1].get("async/dropped_stale_batches_cum", 0.0))
     binding = run / "report" / "cpu_binding.json"
     s["cpu_binding"] = json.loads(binding.read_text()) if binding.exists() else None
     s["timeline"] = {"steps": steps, "spans": spans}
@@ -169,6 +171,10 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
             per.append(r)
         agg = {k: statistics.fmean(p[k] for p in per) for k in per[0] if all(k in p for p in per)}
         hist = sum((Counter(m["staleness_hist"]) for m in seeds.values()), Counter())
+        if all("speedup" in p for p in per):  # every seed's value, not only the mean
+            agg["speedup_seeds"] = [p["speedup"] for p in per]
+            agg["speedup_sd"] = statistics.stdev(agg["speedup_seeds"]) if len(per) > 1 else float("nan")
+        agg["rejected_mean"] = statistics.fmean(m.get("rejected", 0.0) for m in seeds.values())
         agg.update(mode=mode, seeds=sorted(seeds), staleness_hist=dict(sorted(hist.items())),
                    reward_mean=statistics.fmean(v for m in seeds.values() for _, v in m["reward"]),
                    acr_mean=statistics.fmean(v for m in seeds.values() for _, v in m["acr"]),
@@ -185,7 +191,8 @@ def _f(v, pct=False):
 
 def results_table(rows: list[dict]) -> str:
     cols = [("mode", "mode", False), ("s/step", "step_s", False), ("samples/s", "samples_per_s", False),
-            ("tokens/s", "tokens_per_s", False), ("speedup vs sync", "speedup", False), ("ideal", "ideal", False),
+            ("tokens/s", "tokens_per_s", False), ("speedup vs sync", "speedup", False),
+            ("speedup sd (seeds)", "speedup_sd", False), ("ideal (timer estimate)", "ideal", False),
             ("efficiency", "efficiency", False), ("trainer/idle_ratio", "trainer/idle_ratio", False),
             ("rollouter/idle_ratio", "rollouter/idle_ratio", False), ("staleness mean", "staleness_mean", False),
             ("simulated s/step (from sync)", "predicted_step_s", False),
@@ -311,14 +318,16 @@ def main(argv: list[str] | None = None) -> int:
     gantt = {f"measured: {m}": (measured[m][seed0]["timeline"]["steps"], measured[m][seed0]["timeline"]["spans"])
              for m in ("sync", "async-q1", "async-q2") if m in measured}  # fmt: skip
     if gantt:
-        ends = [s["end"] for st, _ in gantt.values() for s in st[:6]]
-        plot_gantt(gantt, str(res_dir / "timeline.png"), "generator and trainer activity (first steps, seed "
-                   f"{seed0}); sync waits, async overlaps", max_s=max(ends) if ends else None)  # fmt: skip
+        ends = [s["end"] for st, _ in gantt.values() for s in st[: WARMUP_STEPS + 6]]
+        plot_gantt(gantt, str(res_dir / "timeline.png"), "generator and trainer activity (warm-up and 6 steps, seed "
+                   f"{seed0}); sync waits, async overlaps", max_s=max(ends) if ends else None,
+                   warmup_steps=WARMUP_STEPS)  # fmt: skip
     plot_throughput([r for r in rows if "speedup" in r], str(res_dir / "throughput.png"))
     plot_staleness({r["mode"]: r["staleness_hist"] for r in rows if r["mode"].startswith("async")},
-                   str(res_dir / "staleness.png"))  # fmt: skip
+                   str(res_dir / "staleness.png"), {r["mode"]: r["rejected_mean"] for r in rows})  # fmt: skip
     curves = {m: {k: [measured[m][s][k] for s in measured[m]] for k in ("reward", "acr")} for m in measured}
-    plot_curves(curves, "reward", str(res_dir / "reward_curves.png"), "mean reward")
+    plot_curves(curves, "reward", str(res_dir / "reward_curves.png"), "mean reward",
+                f"throughput workload ({a.model}): the reward shows no learning, only that every mode ran")  # fmt: skip
     print("".join(text))
     return 0
 
