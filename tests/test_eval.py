@@ -241,3 +241,13 @@ def test_training_eval_mix_and_metric_names(tmp_path):
     logs = {"eval_gsm8k_pass1": 0.5, "eval_gsm8k_pass4": 0.75, "eval_response_length_mean": 10.0, "eval_num_samples": 4}
     assert rename_eval_metrics(logs) == {"gsm8k/pass1": 0.5, "gsm8k/pass4": 0.75, "eval_response_length_mean": 10.0,
                                          "eval_num_samples": 4}  # fmt: skip
+
+
+def test_a_model_folder_that_does_not_exist_is_one_line(tmp_path, capsys):
+    from avspo_openrlhf.cli.evaluate import main
+
+    data = tmp_path / "arith.jsonl"
+    data.write_text('{"problem": "What is 1 + 1?", "answer": "2", "unique_id": "a/0"}\n')
+    assert main(["--model", str(tmp_path / "no" / "model"), "--benchmarks", "arith", "--data", f"arith={data}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("avspo-eval: error: --model ") and "no such folder" in err[0]

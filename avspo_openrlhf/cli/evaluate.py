@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from avspo_openrlhf.cli.preflight import check_model
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
 from avspo_openrlhf.math_eval.generators import Decoding, FileGenerator, OracleGenerator, VLLMGenerator
@@ -138,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args) -> int:
+    if args.model:
+        check_model(args.model, "--model")  # a wrong path is one line, not a transformers traceback
     if args.greedy:
         args.temperature, args.n = 0.0, 1
     data = _datasets(args)

@@ -144,7 +144,7 @@ def _in_hub_cache(name: str) -> bool:
         return False
 
 
-def check_model(name: str | None) -> None:
+def check_model(name: str | None, flag: str = "--actor.model_name_or_path") -> None:
     if not name:
         return
     # "org/name" and "gpt2" are hub ids (OpenRLHF downloads them); a path is checked here
@@ -154,15 +154,15 @@ def check_model(name: str | None) -> None:
     )
     if not looks_local and offline and not _in_hub_cache(name):
         raise PreflightError(
-            f"--actor.model_name_or_path {name}: no such local folder, and the hub is offline (HF_HUB_OFFLINE) with "
+            f"{flag} {name}: no such local folder, and the hub is offline (HF_HUB_OFFLINE) with "
             "no cached copy; give the model's folder (a relative path is taken for a hub id org/name)"
         )
     if looks_local:
         path = os.path.expanduser(name)
         if not os.path.isdir(path):
-            raise PreflightError(f"--actor.model_name_or_path {name}: no such folder (and not a hub id like org/name)")
+            raise PreflightError(f"{flag} {name}: no such folder (and not a hub id like org/name)")
         if not os.path.exists(os.path.join(path, "config.json")):
-            raise PreflightError(f"--actor.model_name_or_path {name}: no config.json in that folder")
+            raise PreflightError(f"{flag} {name}: no config.json in that folder")
 
 
 # Runs in a child process: a reward file that hangs (at import or on a sample) or eats memory is
