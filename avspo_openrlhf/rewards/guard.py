@@ -20,6 +20,8 @@ import os
 import queue
 import threading
 
+from .pool import worker_tasks
+
 
 def _worker_main(conn, path: str, memory_mb: int | None) -> None:
     import importlib.util
@@ -39,13 +41,7 @@ def _worker_main(conn, path: str, memory_mb: int | None) -> None:
         conn.send(("error", f"import failed: {type(e).__name__}: {e}"))
         return
     conn.send(("ready", None))
-    while True:
-        try:
-            task = conn.recv()
-        except EOFError:
-            return
-        if task is None:
-            return
+    for task in worker_tasks(conn):
         try:
             conn.send(("ok", fn(*task)))
         except MemoryError:

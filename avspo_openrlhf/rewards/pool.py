@@ -29,7 +29,8 @@ from .verify import MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, VERIFIERS, VerifyRes
 _PRELOAD = ["avspo_openrlhf.rewards.verify", "math_verify"]
 
 
-def _worker_main(conn, max_completion_chars, max_answer_chars) -> None:
+def worker_tasks(conn):
+    """The tasks a worker process receives, until its parent closes the pipe or sends ``None``."""
     while True:
         try:
             task = conn.recv()
@@ -37,7 +38,11 @@ def _worker_main(conn, max_completion_chars, max_answer_chars) -> None:
             return
         if task is None:
             return
-        completion, gold, verifier = task
+        yield task
+
+
+def _worker_main(conn, max_completion_chars, max_answer_chars) -> None:
+    for completion, gold, verifier in worker_tasks(conn):
         conn.send(VERIFIERS[verifier](completion, gold, max_completion_chars, max_answer_chars))
 
 
