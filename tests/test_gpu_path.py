@@ -100,6 +100,7 @@ class FakePlacementGroup:
 @pytest.fixture
 def fake_process_boundary(monkeypatch):
     import ray
+    import torch
     from openrlhf.cli import train_ppo_ray
 
     from avspo_openrlhf.install import installed
@@ -111,6 +112,9 @@ def fake_process_boundary(monkeypatch):
     monkeypatch.setattr(ray, "get", lambda x, timeout=None: _resolve(x))
     monkeypatch.setattr(ray, "put", FakeRef)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    # the trainer actor's own process has no torch.distributed group (an earlier test of this pytest
+    # process may have made one, which OpenRLHF's dataloader setup would then try to shard over)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(train_ppo_ray, "placement_group", lambda bundles, strategy=None: FakePlacementGroup())
     monkeypatch.setattr(train_ppo_ray, "RayActorGroup", FakeGroup)
 

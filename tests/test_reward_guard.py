@@ -147,3 +147,21 @@ def test_a_reward_file_that_hangs_mid_run_stops_the_run_naming_it(tmp_path_facto
     assert "reward file under a 3 s timeout per call" in log
     assert f"no reward for a completion: reward file {reward}: scoring 1 completion(s) took longer than 3 s" in log
     assert time.monotonic() - t0 < 400
+
+
+def test_ctrl_c_to_the_process_group_does_not_kill_the_workers(user_file):
+    """Ctrl-C reaches every process of the group; the run checkpoints on it and needs its rewards
+    until then (a dead worker used to turn the clean stop into a crash)."""
+    import os
+    import signal
+
+    g = GuardedReward(user_file, timeout_s=30, memory_mb=None, workers=1)
+    try:
+        assert g(["ab"], ["p"], ["l"])["rewards"] == [2.0]
+        ((proc, _),) = g._all
+        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert proc.is_alive() and g(["abc"], ["p"], ["l"])["rewards"] == [3.0]
+    finally:
+        g.close()

@@ -25,7 +25,13 @@ from .pool import worker_tasks
 
 def _worker_main(conn, path: str, memory_mb: int | None) -> None:
     import importlib.util
+    import signal
     import traceback
+
+    # Ctrl-C and SIGTERM reach the whole process group: the run checkpoints and stops on them, so a
+    # worker must keep scoring until then; its parent ends it (kill, or EOF on the pipe)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     if memory_mb:
         import resource
