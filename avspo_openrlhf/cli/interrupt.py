@@ -14,13 +14,30 @@ from avspo_openrlhf.trainer.stop import stop_file, stopped_marker
 INTERRUPT = {"requested": False}
 
 
+def _started_at() -> float:
+    """When this process was created (``/proc/self/stat``), not when Python got here: a launcher
+    that writes STOP after starting us must not see it taken for a leftover."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - psutil missing or /proc unreadable: fall back to now
+        import time
+
+        return time.time()
+
+
 def install_interrupt_handler(args) -> None:
-    """First Ctrl-C or SIGTERM (docker stop, systemd, plain ``kill``): ask the trainer to save a
-    checkpoint after the current step and stop; a second one aborts at once."""
+    """First Ctrl-C, SIGTERM (docker stop, systemd, plain ``kill``) or SIGUSR1 (a SLURM time-limit or
+    preemption signal sent to every process of the job): ask the trainer to save a checkpoint after
+    the current step and stop; a second one aborts at once."""
     path = stop_file(args)
+    started = _started_at()
     for old in (path, stopped_marker(args)):
-        if os.path.exists(old):
-            os.remove(old)  # left over from an earlier run
+        # left over from an earlier run; a STOP written since this process started is a request
+        # (avspo.sbatch writes it on USR1, which can arrive while Python is still importing)
+        if os.path.exists(old) and (old != path or os.path.getmtime(old) < started - 1.0):
+            os.remove(old)
 
     def handler(signum, frame):
         name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -34,6 +51,7 @@ def install_interrupt_handler(args) -> None:
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGUSR1, handler)  # Python's default for it is to die without a checkpoint
     _HANDLER["handler"] = handler
 
 

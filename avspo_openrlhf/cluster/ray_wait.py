@@ -6,12 +6,20 @@ Polls ``ray.nodes()`` (not a fixed ``sleep``) every ``--interval`` seconds. Exit
 expected host is alive with at least ``--gpus-per-node`` GPUs; exits 1 at the timeout with one line
 naming the nodes that never joined (or joined without their GPUs). Hosts are compared by their
 short name, so ``gpu01`` matches ``gpu01.cluster.local``.
+
+The timeout holds whatever the head does: one ``ray.init`` against a port that is open but not a
+working GCS retries for ~12 minutes inside Ray (``RAY_NUM_REDIS_GET_RETRIES`` attempts of ~36 s), so
+the port is probed with a plain socket first and ``ray.init`` runs with the remaining time as its
+own deadline.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
+import threading
 import time
 
 
@@ -37,6 +45,40 @@ def missing_nodes(expected: list[str], nodes: list[dict], gpus_per_node: float) 
     return out
 
 
+def listening(address: str, timeout: float = 2.0) -> bool:
+    """Whether something accepts TCP connections at ``HOST:PORT``."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _init_within(address: str, seconds: float) -> None:
+    """``ray.init(address)`` that gives up after ``seconds`` (it would retry for minutes)."""
+    import ray
+
+    err: list = []
+
+    def run():
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            err.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(max(seconds, 1.0))
+    if t.is_alive():
+        print(f"[ray_wait] error: {address} accepts connections but did not answer as a Ray head within "
+              f"{seconds:.0f} s (another process on the port, or a GCS that failed to start)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(1)  # the init thread cannot be interrupted
+    if err:
+        raise err[0]
+
+
 def wait(address: str, expected: list[str], gpus_per_node: float, timeout: float, interval: float = 5.0) -> int:
     import ray
 
@@ -45,13 +87,18 @@ def wait(address: str, expected: list[str], gpus_per_node: float, timeout: float
     while True:
         try:
             if not connected:
-                ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+                if not listening(address):
+                    raise ConnectionRefusedError("nothing listening")
+                _init_within(address, deadline - time.monotonic())
                 connected = True
-            last = missing_nodes(expected, ray.nodes(), gpus_per_node)
+            nodes = ray.nodes()
+            last = missing_nodes(expected, nodes, gpus_per_node)
         except Exception as e:  # noqa: BLE001 - the head may not be up yet; keep polling until the deadline
             last = {h: f"head unreachable ({type(e).__name__})" for h in expected}
         if not last:
-            print(f"[ray_wait] all {len(expected)} node(s) joined with {gpus_per_node:g} GPU(s) each", flush=True)
+            ips = sorted({str(n.get("NodeManagerAddress")) for n in nodes if n.get("Alive", n.get("alive"))})
+            print(f"[ray_wait] all {len(expected)} node(s) joined with {gpus_per_node:g} GPU(s) each; "
+                  f"node addresses: {' '.join(ips)}", flush=True)  # fmt: skip
             if connected:
                 ray.shutdown()
             return 0

@@ -39,6 +39,35 @@ avspo_train_flags() {
     --ckpt.output_dir "$out/final" --report.dir "$out/report" --logger.tensorboard_dir "$out/tensorboard"
 }
 
+# Seconds in a Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); empty if unparsable.
+avspo_time_seconds() {
+  local t=$1 d=0 h=0 m=0 s=0
+  if [[ "$t" =~ ^([0-9]+)-([0-9]+)(:([0-9]+))?(:([0-9]+))?$ ]]; then
+    d=${BASH_REMATCH[1]} h=${BASH_REMATCH[2]} m=${BASH_REMATCH[4]:-0} s=${BASH_REMATCH[6]:-0}
+  elif [[ "$t" =~ ^([0-9]+):([0-9]+):([0-9]+)$ ]]; then
+    h=${BASH_REMATCH[1]} m=${BASH_REMATCH[2]} s=${BASH_REMATCH[3]}
+  elif [[ "$t" =~ ^([0-9]+):([0-9]+)$ ]]; then
+    m=${BASH_REMATCH[1]} s=${BASH_REMATCH[2]}
+  elif [[ "$t" =~ ^([0-9]+)$ ]]; then
+    m=${BASH_REMATCH[1]}
+  else
+    return 0
+  fi
+  printf '%s\n' $(((10#$d * 24 + 10#$h) * 3600 + 10#$m * 60 + 10#$s))
+}
+
+# How long before the time limit the USR1 (checkpoint and requeue) is sent: 600 s, but never more
+# than a quarter of the limit (a 10-minute job would get it at its start, before anything trained).
+avspo_signal_lead() {
+  local secs
+  secs=$(avspo_time_seconds "$1")
+  [ -n "$secs" ] || { printf '600\n'; return; }
+  local lead=$((secs / 4))
+  [ "$lead" -le 600 ] || lead=600
+  [ "$lead" -ge 30 ] || lead=30
+  printf '%s\n' "$lead"
+}
+
 # Refuse a secret on a command line: it would show in `ps`, in shell history and in SLURM's job
 # records. The wandb key comes from WANDB_API_KEY in the environment.
 avspo_refuse_secret_flags() {
@@ -55,13 +84,32 @@ avspo_refuse_secret_flags() {
 }
 
 # GPUs per node from SLURM's variables: SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE ("8" or
-# "h100:8"), else the count in SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES, else 0.
+# "h100:8"), else the count in SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES, else 0. Read it inside a job
+# step (avspo_step_gpus): under --exclusive the batch step sees every GPU of the node while a step
+# gets only the ones the job asked for (Slurm 22.05: --exclusive --gpus-per-node=2 -> 8 vs 2).
 avspo_gpus_per_node() {
   if [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then printf '%s\n' "$SLURM_GPUS_ON_NODE"; return; fi
   if [ -n "${SLURM_GPUS_PER_NODE:-}" ]; then printf '%s\n' "${SLURM_GPUS_PER_NODE##*:}"; return; fi
   local list=${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}
   if [ -n "$list" ]; then awk -F, '{ print NF }' <<<"$list"; return; fi
   printf '0\n'
+}
+
+# "<GPUs> <CUDA_VISIBLE_DEVICES>" as a job step on node $1 sees them: what Ray on that node may use.
+avspo_step_gpus() {
+  # shellcheck disable=SC2016  # expanded by the job step's shell, not this one
+  srun --overlap --nodes=1 --ntasks=1 -w "$1" bash -c \
+    'source "$0"; printf "%s %s\n" "$(avspo_gpus_per_node)" "${CUDA_VISIBLE_DEVICES:-}"' "${BASH_SOURCE[0]}"
+}
+
+# The host name of each Slurm node name (NodeHostName; `NodeName=gpu01 NodeHostname=vm` is common):
+# Ray registers nodes by host name, so the join check must wait for those.
+avspo_node_hostnames() {
+  local n h
+  for n in "$@"; do
+    h=$(scontrol show node -o "$n" 2>/dev/null | tr ' ' '\n' | sed -n 's/^NodeHostName=//p')
+    printf '%s\n' "${h:-$n}"
+  done
 }
 
 # CPUs per node for `ray start --num-cpus`.
@@ -91,10 +139,11 @@ avspo_node_ip() {
 }
 
 # Ray's ports for one job: a block of 256 ports from the job id, so two jobs sharing a node never
-# collide (ray#10154). AVSPO_PORT_BASE overrides the block.
+# collide (ray#10154), all below Linux's ephemeral range (32768-60999), where any outgoing connection
+# may hold a port. AVSPO_PORT_BASE overrides the block.
 avspo_port_base() {
   local job=${1//[!0-9]/}
-  printf '%s\n' "${AVSPO_PORT_BASE:-$((10000 + (${job:-0} % 200) * 256))}"
+  printf '%s\n' "${AVSPO_PORT_BASE:-$((10000 + (${job:-0} % 88) * 256))}"
 }
 
 # `ray start` flags that place every Ray port inside the job's block.

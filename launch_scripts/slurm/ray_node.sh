@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
-# Starts Ray on one node of the allocation and blocks (run by `srun --overlap` from avspo.sbatch):
-#   ray_node.sh head                 the head: GCS on $RAY_PORT, dashboard and client ports in the job's block
-#   ray_node.sh worker HEAD_IP:PORT  a worker joining the head (retried: workers can race the head's GCS)
+# Ray on one node of the allocation (run by avspo.sbatch), blocking until stopped:
+#   ray_node.sh head                 the head, in the batch step: GCS on $RAY_PORT, dashboard and client ports in the job's block
+#   ray_node.sh worker HEAD_IP:PORT  a worker joining the head, as a job step (retried: workers can race the head's GCS)
+#   ray_node.sh sentinel             a job step that only waits: it exits 0 when the job's steps are signalled
+#                                    (a preemption's SIGTERM, `scancel --signal=USR1` without --batch), which
+#                                    avspo.sbatch turns into a checkpoint-and-stop request
 # Environment (set by avspo.sbatch): AVSPO_PORT_BASE, RAY_PORT, AVSPO_GPUS, AVSPO_CPUS, AVSPO_RAY_TMP,
 # and optionally RAY_NODE_IP / AVSPO_IFACE for the node's address.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-role=${1:?usage: ray_node.sh head | worker HEAD_IP:PORT}
+role=${1:?usage: ray_node.sh head | worker HEAD_IP:PORT | sentinel}
+if [ "$role" = sentinel ]; then
+  trap 'exit 0' TERM USR1 USR2 INT
+  while :; do sleep 1; done
+fi
+# USR1 to every step (`scancel --signal=USR1 JOB`) is a stop request for the launcher, not a reason
+# for Ray to die (it is Python's default action); SIG_IGN survives exec
+trap '' USR1
 ip=$(avspo_node_ip)
 base=${AVSPO_PORT_BASE:?}
 mapfile -t ports < <(avspo_ray_port_flags "$base")
-common=(--node-ip-address="$ip" --num-gpus="${AVSPO_GPUS:?}" --num-cpus="${AVSPO_CPUS:?}" "${ports[@]}" --block)
+common=(--node-ip-address="$ip" --num-gpus="${AVSPO_GPUS:?}" --num-cpus="${AVSPO_CPUS:?}" --disable-usage-stats "${ports[@]}" --block)
 avspo_log "ray $role on $(hostname) ($ip): ${AVSPO_GPUS} GPU(s), ${AVSPO_CPUS} CPU(s), ports $base-$((base + 255))"
 
 if [ "$role" = head ]; then
-  exec ray start --head --port="${RAY_PORT:?}" --dashboard-port=$((base + 1)) --ray-client-server-port=$((base + 2)) \
+  # no dashboard: its HTTP and gRPC servers would take ports outside the job's block (ray start has
+  # no flag for the gRPC one) and nothing of the launcher uses it
+  exec ray start --head --port="${RAY_PORT:?}" --ray-client-server-port=$((base + 2)) --include-dashboard=false \
     --temp-dir="${AVSPO_RAY_TMP:-/tmp/ray}" "${common[@]}"
 fi
 address=${2:?worker needs HEAD_IP:PORT}

@@ -4,7 +4,8 @@
 #
 #   bash launch_scripts/slurm/run_local.sh CONFIG [--gpus N] [--out DIR] [--dry-run] [-- extra avspo-train flags]
 #
-# --gpus defaults to the GPUs nvidia-smi lists. --dry-run prints the command and the parsed config.
+# --gpus defaults to CUDA_VISIBLE_DEVICES's count, else the GPUs nvidia-smi lists (0 for a
+# --backend cpu config). --dry-run prints the command and the parsed config.
 # The wandb key is read from WANDB_API_KEY in your environment; never pass it as a flag.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -27,8 +28,18 @@ while [ $# -gt 0 ]; do
 done
 avspo_refuse_secret_flags "${EXTRA[@]}"
 if [ -z "$GPUS" ]; then
-  GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-  [ "$GPUS" -gt 0 ] || avspo_die "no GPU found (nvidia-smi); pass --gpus N, or use the CPU quickstart (bash quickstart.sh)"
+  # the GPUs this process may use: CUDA_VISIBLE_DEVICES when set (an allocation, a container),
+  # else nvidia-smi's list
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    GPUS=$(awk -F, '{ print NF }' <<<"$CUDA_VISIBLE_DEVICES")
+  else
+    GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  fi
+  if [ "$(avspo_config_flag "$CONFIG" --backend gpu)" = cpu ]; then
+    GPUS=${GPUS:-0}
+  else
+    [ "$GPUS" -gt 0 ] || avspo_die "no GPU found (CUDA_VISIBLE_DEVICES, nvidia-smi); pass --gpus N, or use the CPU quickstart (bash quickstart.sh)"
+  fi
 fi
 OUT=${OUT:-$REPO/runs/$NAME}
 FLAGS=$(avspo_train_flags "$CONFIG" 1 "$GPUS" "$OUT") || exit 2

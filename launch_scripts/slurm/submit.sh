@@ -6,7 +6,8 @@
 #   bash launch_scripts/slurm/submit.sh CONFIG [options] [-- extra avspo-train flags]
 #     --nodes N            nodes (default: the config's)
 #     --gpus-per-node G    GPUs per node (default: the config's)
-#     --partition P  --account A  --qos Q  --time HH:MM:SS (default: the config's)
+#     --partition P  --account A  --qos Q
+#     --time HH:MM:SS      (default: the config's); USR1 (checkpoint, requeue) comes min(600 s, time/4) before it
 #     --name NAME          job name (default: the config's name); logs go to logs/NAME-JOBID/
 #     --out DIR            run folder (default: runs/<config>); a resubmission resumes from it
 #     --dry-run            print the sbatch command and everything the job would run; submit nothing
@@ -45,24 +46,39 @@ while [ $# -gt 0 ]; do
 done
 avspo_refuse_secret_flags "${EXTRA[@]}"
 [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || avspo_die "--nodes must be a positive integer, got '$NODES'"
-[[ "$GPUS" =~ ^[1-9][0-9]*$ ]] || avspo_die "--gpus-per-node must be a positive integer, got '$GPUS'"
+BACKEND=$(avspo_config_flag "$CONFIG" --backend gpu)
+if [ "$BACKEND" = cpu ]; then
+  [[ "$GPUS" =~ ^[0-9]+$ ]] || avspo_die "--gpus-per-node must be a non-negative integer, got '$GPUS'"
+else
+  [[ "$GPUS" =~ ^[1-9][0-9]*$ ]] || avspo_die "--gpus-per-node must be a positive integer, got '$GPUS'"
+fi
+SECS=$(avspo_time_seconds "$TIME")
+[ -n "$SECS" ] && [ "$SECS" -gt 0 ] || avspo_die "--time '$TIME' is not a Slurm time limit (HH:MM:SS, D-HH:MM:SS, MM)"
+LEAD=$(avspo_signal_lead "$TIME")
 OUT=${OUT:-$REPO/runs/$NAME}
+[ ! -e "$OUT/DONE" ] || avspo_die "$OUT already finished (DONE): a job would end at once and train nothing. Use --out NEW_FOLDER to train again, or delete $OUT/DONE to continue that run"
 
-if [ "$CHECK" = 1 ] && command -v avspo-train >/dev/null; then
+if [ "$CHECK" = 1 ]; then
+  TRAIN_BIN=$(command -v avspo-train || true)
+  [ -n "$TRAIN_BIN" ] || [ ! -x "$REPO/.venv/bin/avspo-train" ] || TRAIN_BIN=$REPO/.venv/bin/avspo-train
+  [ -n "$TRAIN_BIN" ] || avspo_die "avspo-train is not on PATH (activate the environment the job will use), or pass --no-check to submit without checking the config"
   # the real parser and OpenRLHF's validation, with the flags the job will add: a typo fails here
   FLAGS=$(avspo_train_flags "$CONFIG" "$NODES" "$GPUS" "$OUT") || exit 2
   mapfile -t CHECK <<<"$FLAGS"
-  avspo-train --dry-run "${CHECK[@]}" "${EXTRA[@]}" >/dev/null \
+  "$TRAIN_BIN" --dry-run "${CHECK[@]}" "${EXTRA[@]}" >/dev/null \
     || avspo_die "$CONFIG does not parse with these flags (see above); nothing was submitted"
 fi
 
-CMD=(sbatch --job-name="$JOB_NAME" --nodes="$NODES" --gres="gpu:$GPUS" --time="$TIME" "${SBATCH_OPTS[@]}"
+GRES=()
+[ "$GPUS" = 0 ] || GRES=(--gres="gpu:$GPUS")
+CMD=(sbatch --job-name="$JOB_NAME" --nodes="$NODES" "${GRES[@]}" --time="$TIME" --signal="B:USR1@$LEAD" "${SBATCH_OPTS[@]}"
   --output="$REPO/logs/%x-%j.out" --chdir="$REPO" --export="ALL,AVSPO_REPO=$REPO,AVSPO_OUT=$OUT"
   "$REPO/launch_scripts/slurm/avspo.sbatch" "$CONFIG" "${EXTRA[@]}")
 if [ "$DRY" = 1 ]; then
   printf '+'; printf ' %q' "${CMD[@]}"; echo
-  SLURM_JOB_NUM_NODES=$NODES SLURM_GPUS_ON_NODE=$GPUS SLURM_JOB_NAME=$JOB_NAME AVSPO_REPO=$REPO AVSPO_OUT=$OUT \
-    bash "$REPO/launch_scripts/slurm/avspo.sbatch" --dry-run "$CONFIG" "${EXTRA[@]}"
+  # the job to be, not the allocation this may run in (an interactive one has its own node list)
+  env -u SLURM_JOB_NODELIST -u SLURM_JOB_ID SLURM_JOB_NUM_NODES="$NODES" SLURM_GPUS_ON_NODE="$GPUS" SLURM_JOB_NAME="$JOB_NAME" \
+    AVSPO_REPO="$REPO" AVSPO_OUT="$OUT" bash "$REPO/launch_scripts/slurm/avspo.sbatch" --dry-run "$CONFIG" "${EXTRA[@]}"
   exit 0
 fi
 mkdir -p "$REPO/logs"  # SLURM does not create the --output folder
