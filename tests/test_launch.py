@@ -375,3 +375,24 @@ def test_head_ip_is_never_loopback(tmp_path, by_name, all_addrs, want):
 def test_sbatch_asks_for_the_nodes_memory_with_exclusive():
     header = [ln for ln in (SLURM / "avspo.sbatch").read_text().splitlines() if ln.startswith("#SBATCH")]
     assert "#SBATCH --exclusive" in header and "#SBATCH --mem=0" in header  # else: the partition default
+
+
+@pytest.mark.slow
+def test_join_check_keeps_its_timeout_when_the_port_is_not_a_ray_head(tmp_path):
+    """SLURM_REAL H3: another process on the GCS port; one ray.init() retried for ~12 minutes
+    inside Ray, so AVSPO_JOIN_TIMEOUT (here 8 s) was checked about once every 12 minutes."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()  # accepts connections, never answers
+        port = s.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "avspo_openrlhf.cluster.ray_wait", "--address", f"127.0.0.1:{port}",
+                            "--nodes", "gpu01", "--timeout", "8", "--interval", "1"],
+                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        took = time.monotonic() - t0
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert took < 40, took
+    assert f"127.0.0.1:{port}" in r.stderr

@@ -84,4 +84,4 @@ fi
 mkdir -p "$REPO/logs"  # SLURM does not create the --output folder
 "${CMD[@]}"
 echo "watch:  squeue --me; tail -f $REPO/logs/$JOB_NAME-<jobid>/train.log"
-echo "stop and requeue later: scancel --signal=USR1 --batch <jobid>   cancel: scancel <jobid>"
+echo "stop and requeue later: scancel --signal=USR1 <jobid>   cancel: scancel <jobid>"
