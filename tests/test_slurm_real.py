@@ -256,12 +256,12 @@ def test_a_crash_after_a_stop_request_is_not_requeued(slurm, tmp_path):
 
 
 def test_a_trainer_that_ignores_stop_is_terminated_and_requeued_once(slurm, tmp_path):
-    env = _fake_env(tmp_path, "ignore_stop", AVSPO_STOP_GRACE="4", FAKE_SECONDS="25")
+    env = _fake_env(tmp_path, "ignore_stop", AVSPO_STOP_GRACE="4", FAKE_SECONDS="12")
     job = _submit(tmp_path, env, "--no-check")
     _wait_for(lambda: _records(tmp_path), 120, "training")
     subprocess.run(["scancel", "--signal=USR1", "--batch", str(job)], check=True)
     _requeued(job, 1)
-    j = _ended(job)  # the second attempt runs its 25 s and finishes
+    j = _ended(job)  # the second attempt runs its 12 s and finishes
     log = _log(tmp_path, job)
     assert j["JobState"] == "COMPLETED" and j["Restarts"] == "1", (j, log)
     assert "did not stop within 4s of the stop request; terminated" in log
