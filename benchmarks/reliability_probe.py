@@ -83,8 +83,10 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
         out.append((name, lambda f, p=path: replace(f, "--reward.remote_url", p)))
     data = {
         "data_truncated_line": "\n".join(good_rows[:3] + [row[: len(row) // 2]]) + "\n",
-        "data_missing_key": "\n".join(json.dumps({k: v for k, v in json.loads(r).items() if k != "answer"})
-                                      for r in good_rows[:4]) + "\n",  # fmt: skip
+        "data_missing_key": "\n".join(
+            json.dumps({k: v for k, v in json.loads(r).items() if k != "answer"}) for r in good_rows[:4]
+        )
+        + "\n",  # fmt: skip
         "data_empty": "",
         "data_not_json": "hello\nworld\n",
         "data_null_label": "\n".join(json.dumps({**json.loads(r), "answer": None}) for r in good_rows[:4]) + "\n",
@@ -94,14 +96,24 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
     for name, text in data.items():
         path = write(f"{name}.jsonl", text)
         out.append((name, lambda f, p=path: replace(f, "--data.prompt_dataset", p)))
-    out.append(("data_non_utf8", lambda f: replace(f, "--data.prompt_dataset", write("bad.jsonl", b'{"prompt": "\xff"}\n'))))
+    # labels are only "unparsable" for the math reward (a reward file of yours reads them its own way)
+    name = "data_unparsable_labels"
+    out[-1] = (name, lambda f: replace(replace(f, "--data.prompt_dataset", str(tmp / f"{name}.jsonl")),
+                                       "--reward.remote_url", "avspo:math"))  # fmt: skip
+    out.append(
+        ("data_non_utf8", lambda f: replace(f, "--data.prompt_dataset", write("bad.jsonl", b'{"prompt": "\xff"}\n')))
+    )
     out.append(("data_missing_file", lambda f: replace(f, "--data.prompt_dataset", str(tmp / "nope.jsonl"))))
-    out.append(("data_directory_empty", lambda f: replace(f, "--data.prompt_dataset", str((tmp / "emptydir").resolve()))))
+    out.append(
+        ("data_directory_empty", lambda f: replace(f, "--data.prompt_dataset", str((tmp / "emptydir").resolve())))
+    )
     out.append(("data_csv_missing_column", lambda f: replace(f, "--data.prompt_dataset", write("d.csv", "x,y\n1,2\n"))))
     out.append(("data_hub_id_offline", lambda f: replace(f, "--data.prompt_dataset", "someone/some-dataset-xyz")))
     out.append(("model_missing_relative", lambda f: replace(f, "--actor.model_name_or_path", "models/nope")))
     out.append(("model_missing_absolute", lambda f: replace(f, "--actor.model_name_or_path", str(tmp / "nomodel"))))
-    out.append(("model_hub_id_offline", lambda f: replace(f, "--actor.model_name_or_path", "someone/no-such-model-xyz")))
+    out.append(
+        ("model_hub_id_offline", lambda f: replace(f, "--actor.model_name_or_path", "someone/no-such-model-xyz"))
+    )
     out.append(("model_folder_without_config", lambda f: replace(f, "--actor.model_name_or_path", str(tmp))))
     out.append(("reward_missing_file", lambda f: replace(f, "--reward.remote_url", str(tmp / "nope.py"))))
     out.append(("reward_unknown_alias", lambda f: replace(f, "--reward.remote_url", "avspo:nope")))
@@ -187,8 +199,10 @@ def main(argv=None) -> int:
     n = len(results)
     good = sum(r["one_line_before_ray"] for r in results.values())
     late = [k for k, r in results.items() if r["ray_started"]]
-    print(f"\nbad inputs tried: {n}; rejected before Ray in one line: {good}; reached Ray: {len(late)} {late}; "
-          f"other: {[k for k, r in results.items() if not r['one_line_before_ray'] and not r['ray_started']]}")
+    print(
+        f"\nbad inputs tried: {n}; rejected before Ray in one line: {good}; reached Ray: {len(late)} {late}; "
+        f"other: {[k for k, r in results.items() if not r['one_line_before_ray'] and not r['ray_started']]}"
+    )
     print(f"slowest rejection: {max(r['seconds'] for r in results.values() if r['one_line_before_ray']):.1f} s")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))

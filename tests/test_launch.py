@@ -396,3 +396,19 @@ def test_join_check_keeps_its_timeout_when_the_port_is_not_a_ray_head(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert took < 40, took
     assert f"127.0.0.1:{port}" in r.stderr
+
+
+def test_run_local_counts_the_visible_gpus_and_needs_none_for_a_cpu_config(tmp_path):
+    """SLURM_REAL L6: run_local.sh counted GPUs with nvidia-smi only (none in a container that has
+    CUDA_VISIBLE_DEVICES, or on a CPU node running the smoke config)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # no nvidia-smi
+    r = subprocess.run(["bash", str(SLURM / "run_local.sh"), "qwen2.5-math-1.5b_avspo", "--dry-run"],
+                       capture_output=True, text=True, env={**env, "CUDA_VISIBLE_DEVICES": "0,1,2"}, timeout=120)  # fmt: skip
+    assert "--actor.num_gpus_per_node 3" in r.stdout and "--vllm.num_engines 3" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(["bash", str(SLURM / "run_local.sh"), "qwen2.5-math-1.5b_avspo", "--dry-run"],
+                       capture_output=True, text=True, env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "no GPU found" in r.stderr
+    r = subprocess.run(["bash", str(SLURM / "run_local.sh"), "tiny_cpu_smoke", "--dry-run"],
+                       capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert "--actor.num_gpus_per_node 0" in r.stdout, r.stdout + r.stderr

@@ -53,6 +53,14 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
     [
         (["--avspo.enable", "--algo.advantage.estimator", "rloo"], "group_norm"),
         (["--avspo.enable", "--avspo.tau_init", "0.95"], "tau_bounds"),
+        (["--avspo.tau_init", "1.5"], "tau_bounds"),  # AVSPO off: the threshold is still built, in an actor
+        (["--avspo.tau_bounds", "0.5", "1.5"], "ACR is a rate"),
+        (["--run.max_steps", "-3"], "--run.max_steps must be >= 1"),
+        (["--data.max_len", "8", "--rollout.max_new_tokens", "12"], "leaves no room for a prompt"),
+        (["--avspo.alpha", "-1"], "--avspo.alpha must be > 0"),
+        (["--actor.eps_clip", "-0.2"], "--actor.eps_clip must be > 0"),
+        (["--actor.eps_clip_low_high", "0.2", "-0.1"], "--actor.eps_clip_low_high must be >= 0"),
+        (["--actor.lr_warmup_ratio", "2"], "--actor.lr_warmup_ratio must be in [0, 1]"),
         (["--dynamic.std_filter", "--algo.dynamic_filtering_enable"], "not both"),
         (["--acr.reward_range", "1", "0"], "LO < HI"),
         (["--train.async_enable", "--buffer.max_staleness", "0"], ">= 1 in async"),

@@ -51,6 +51,9 @@ def test_truncated_line_is_named_by_file_and_line_before_ray(tmp_path, capsys):
 def test_missing_key_missing_file_model_and_reward(tmp_path, capsys):
     data = _rows(tmp_path, [GOOD[0], json.dumps({"question": "x", "answer": "1"})])
     assert "no field 'prompt'" in _fails(capsys, _flags(tmp_path, data))
+    null_label = json.dumps({**json.loads(GOOD[0]), "answer": None})
+    data = _rows(tmp_path, [GOOD[0], null_label], "null.jsonl")  # it used to reach Ray and the reward as None
+    assert f"{data}:2: field 'answer' is empty" in _fails(capsys, _flags(tmp_path, data))
     good = _rows(tmp_path, GOOD, "good.jsonl")
     assert "no such file" in _fails(capsys, _flags(tmp_path, tmp_path / "nope.jsonl"))
     assert "no such folder" in _fails(capsys, _flags(tmp_path, good, model=tmp_path / "no" / "model"))
@@ -72,6 +75,22 @@ def test_check_helpers(tmp_path):
     check_model("gpt2")
     with pytest.raises(PreflightError, match="no config.json"):
         check_model(str(tmp_path))
+
+
+def test_a_ray_address_where_nothing_answers_fails_in_one_line(tmp_path, capsys, monkeypatch):
+    """RAY_ADDRESS left over from another shell: the CPU backend's ray.init retried it for minutes."""
+    import socket
+
+    from avspo_openrlhf.cli.preflight import check_ray_address
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]  # closed again: nothing listens there
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{free}")
+    msg = _fails(capsys, ["--backend", "cpu", *_flags(tmp_path, _rows(tmp_path, GOOD))])
+    assert f"RAY_ADDRESS=127.0.0.1:{free}: no Ray cluster answers there" in msg
+    for fine in (None, "auto", "ray://head:10001"):  # left to Ray
+        check_ray_address(fine)
 
 
 def test_datasets_in_other_forms_are_checked_before_ray(tmp_path, capsys, monkeypatch):
@@ -113,4 +132,6 @@ def test_labels_math_verify_cannot_parse_are_reported(tmp_path, capsys):
     # through avspo-train with the math reward: every label unparsable is one line before Ray
     from avspo_openrlhf.rewards import openrlhf_reward
 
+    # (empty labels are refused earlier, by the row check: non-empty ones math-verify cannot read here)
+    bad = _rows(tmp_path, [json.dumps({"prompt": "q", "answer": "\\"})] * 3, "bad2.jsonl")
     assert "none of the 3 labels" in _fails(capsys, _flags(tmp_path, bad, reward=openrlhf_reward.__file__))

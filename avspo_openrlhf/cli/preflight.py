@@ -121,10 +121,14 @@ def check_rows(path: str, keys: list[str], max_report: int = 3) -> dict | None:
             bad.append(f"{path}:{lineno}: a row must be a JSON object, got {type(row).__name__}")
         else:
             missing = [k for k in keys if k not in row]
+            # a null or empty prompt/label reaches the reward as None/"": every sample scored against nothing
+            empty = [k for k in keys if k in row and (row[k] is None or row[k] == "" or row[k] == [])]
             if missing:
                 bad.append(
                     f"{path}:{lineno}: no field {', '.join(map(repr, missing))} (keys: {', '.join(list(row)[:8])})"
                 )
+            elif empty:
+                bad.append(f"{path}:{lineno}: field {', '.join(map(repr, empty))} is empty")
             elif first is None:
                 first = row
     if n == 0:
@@ -315,9 +319,29 @@ def _uses_math_reward(urls) -> bool:
     return any(os.path.abspath(u) == target for u in ([urls] if isinstance(urls, str) else urls or []))
 
 
+def check_ray_address(address: str | None) -> None:
+    """``RAY_ADDRESS=HOST:PORT`` (a launcher's cluster, which the CPU backend joins) must answer:
+    ``ray.init`` retries a dead address for minutes, printing connection errors."""
+    if not address or address in ("auto", "local") or "://" in address or ":" not in address:
+        return
+    import socket
+
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            return
+    except (OSError, ValueError) as e:
+        raise PreflightError(
+            f"RAY_ADDRESS={address}: no Ray cluster answers there ({type(e).__name__}); start it, or unset "
+            "RAY_ADDRESS to let this run start its own"
+        ) from None
+
+
 def preflight(args) -> None:
     """All checks; raises :class:`PreflightError` with one line."""
     check_checkpoints(args)
+    if getattr(args, "backend", "gpu") == "cpu":  # OpenRLHF's GPU path handles RAY_ADDRESS itself
+        check_ray_address(os.environ.get("RAY_ADDRESS"))
     data = args.data
     keys = [data.input_key] + ([data.label_key] if data.label_key else [])
     first = None

@@ -230,6 +230,15 @@ def _in_range(args) -> None:
         ("--ckpt.save_steps", a.ckpt.save_steps, a.ckpt.save_steps == -1 or a.ckpt.save_steps >= 1, "-1 (never) or >= 1"),
         ("--acr.ema_decay", a.acr.ema_decay, 0 <= a.acr.ema_decay < 1, "in [0, 1)"),
         ("--acr.volatility_window", a.acr.volatility_window, a.acr.volatility_window >= 2, ">= 2 (a spread needs two steps)"),
+        ("--actor.eps_clip", a.actor.eps_clip, a.actor.eps_clip > 0, "> 0"),
+        ("--actor.eps_clip_low_high", a.actor.eps_clip_low_high,
+         a.actor.eps_clip_low_high is None or min(a.actor.eps_clip_low_high) >= 0, ">= 0 (both)"),
+        ("--train.micro_batch_size", a.train.micro_batch_size, a.train.micro_batch_size >= 1, ">= 1"),
+        ("--rollout.micro_batch_size", a.rollout.micro_batch_size, a.rollout.micro_batch_size >= 1, ">= 1"),
+        ("--actor.lr_warmup_ratio", a.actor.lr_warmup_ratio, 0 <= a.actor.lr_warmup_ratio <= 1, "in [0, 1]"),
+        ("--actor.max_norm", a.actor.max_norm, a.actor.max_norm > 0, "> 0"),
+        ("--algo.kl.init_coef", a.algo.kl.init_coef, a.algo.kl.init_coef >= 0, ">= 0"),
+        ("--data.max_len", a.data.max_len, a.data.max_len >= 1, ">= 1"),
     ]  # fmt: skip
     for name, value, ok, want in checks:
         if not ok:
@@ -253,16 +262,20 @@ def validate(args) -> None:
         raise ValueError(f"--acr.reward_range needs LO < HI, got {lo} {hi}")
     if args.acr.tol <= 0 or args.acr.window < 1:
         raise ValueError("--acr.tol must be > 0 and --acr.window >= 1")
+    # the threshold and the controller are built (ACR is measured) with AVSPO off too: checked always,
+    # or a bad value fails inside a Ray actor after start-up
+    tlo, thi = args.avspo.tau_bounds
+    if not 0 <= tlo <= thi <= 1:
+        raise ValueError(f"--avspo.tau_bounds must satisfy 0 <= low <= high <= 1 (ACR is a rate), got {tlo} {thi}")
+    if not tlo <= args.avspo.tau_init <= thi:
+        raise ValueError(f"--avspo.tau_init {args.avspo.tau_init} must lie within --avspo.tau_bounds {tlo} {thi}")
+    if args.avspo.alpha <= 0 or args.avspo.eps < 0 or args.avspo.eta < 0:
+        raise ValueError("--avspo.alpha must be > 0, --avspo.eps and --avspo.eta >= 0")
     if args.avspo.enable:
         if est != "group_norm":
             raise ValueError(f"--avspo.enable needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
         if n < 2:
             raise ValueError("--avspo.enable needs --rollout.n_samples_per_prompt >= 2")
-        tlo, thi = args.avspo.tau_bounds
-        if not tlo <= args.avspo.tau_init <= thi:
-            raise ValueError(f"--avspo.tau_init {args.avspo.tau_init} must lie within --avspo.tau_bounds {tlo} {thi}")
-        if args.avspo.alpha <= 0 or args.avspo.eps < 0 or args.avspo.eta < 0:
-            raise ValueError("--avspo.alpha must be > 0, --avspo.eps and --avspo.eta >= 0")
         k = args.avspo.num_virtual
         if k is not None and not 1 <= k:
             raise ValueError(f"--avspo.num_virtual must be >= 1, got {k}")
@@ -294,6 +307,13 @@ def validate(args) -> None:
     budget = cfg.run.max_generated_tokens
     if budget is not None and budget < 1:
         raise ValueError(f"--run.max_generated_tokens must be >= 1, got {budget}")
+    if cfg.run.max_steps is not None and cfg.run.max_steps < 1:
+        raise ValueError(f"--run.max_steps must be >= 1 (leave it out for no limit), got {cfg.run.max_steps}")
+    max_len, new_tokens = args.data.max_len, args.rollout.max_new_tokens
+    if max_len is not None and new_tokens is not None and max_len <= new_tokens:
+        # vLLM refuses such requests only after start-up, inside the engine actor
+        raise ValueError(f"--data.max_len {max_len} (prompt + response) leaves no room for a prompt beside "
+                         f"--rollout.max_new_tokens {new_tokens}")  # fmt: skip
     if args.dynamic.std_filter:
         if args.algo.dynamic_filtering_enable:
             raise ValueError("use either --dynamic.std_filter or --algo.dynamic_filtering_enable, not both")
