@@ -90,7 +90,7 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
         "data_empty": "",
         "data_not_json": "hello\nworld\n",
         "data_null_label": "\n".join(json.dumps({**json.loads(r), "answer": None}) for r in good_rows[:4]) + "\n",
-        "data_unparsable_labels": "\n".join(json.dumps({**json.loads(r), "answer": "\\frac{"}) for r in good_rows[:4])
+        "data_unparsable_labels": "\n".join(json.dumps({**json.loads(r), "answer": "\\"}) for r in good_rows[:4])
         + "\n",
     }
     for name, text in data.items():

@@ -249,7 +249,7 @@ def test_a_kill_during_a_checkpoint_loses_nothing_at_max_num_1(tmp_path, monkeyp
     "body, message",
     [
         ("import time\ntime.sleep(600)\ndef reward_func(queries, prompts, labels): pass\n", "no answer after 3 s (importing"),
-        ("def reward_func(queries, prompts, labels):\n    while True: pass\n", "no answer after 3 s (importing it or scoring"),
+        ("def reward_func(queries, prompts, labels):\n    while True: pass\n", "no answer after 2 s (scoring the first row)"),
         ("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0]}\n", "returned 1 rewards for 2 queries"),
         ("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0, float('nan')]}\n", "non-finite reward"),
         ("def reward_func(queries, prompts, labels):\n    return {'rewards': ['yes', 'no']}\n", "must be numbers"),
@@ -260,10 +260,22 @@ def test_a_reward_file_that_hangs_or_lies_fails_in_one_line_before_ray(tmp_path,
 
     reward = tmp_path / "reward.py"
     reward.write_text(body)
-    monkeypatch.setattr(preflight, "REWARD_CHECK_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(preflight, "REWARD_CHECK_TIMEOUT_S", 3.0)  # the import
+    monkeypatch.setattr(preflight, "REWARD_CALL_TIMEOUT_S", 2.0)  # the call, once imported
     t0 = time.monotonic()
     msg = _fails(capsys, _flags(tmp_path, _rows(tmp_path, GOOD), reward=reward))
     assert message in msg and time.monotonic() - t0 < 30, msg
+
+
+def test_a_slow_import_does_not_eat_the_calls_deadline(tmp_path):
+    """The import (torch, math-verify: seconds) and the call have separate deadlines, so a hanging
+    reward_func fails in seconds without failing a file that is only slow to import."""
+    from avspo_openrlhf.cli.preflight import check_reward_file
+
+    reward = tmp_path / "slow_import.py"
+    reward.write_text("import time\ntime.sleep(3)\ndef reward_func(queries, prompts, labels):\n"
+                      "    return {'rewards': [0.0] * len(queries)}\n")  # fmt: skip
+    check_reward_file(str(reward), {"prompt": "q", "answer": "1"}, "prompt", "answer", timeout_s=10, call_timeout_s=2)
 
 
 def test_answer_parsing_is_linear_and_bounded():

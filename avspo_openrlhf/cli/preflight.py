@@ -186,6 +186,7 @@ except BaseException as e:
 fn = getattr(module, "reward_func", None)
 if not callable(fn):
     done(error="defines no reward_func(queries, prompts, labels)")
+print("\nAVSPO_PREFLIGHT_IMPORTED", flush=True)
 if payload is None:
     done(ok=True)
 try:
@@ -208,13 +209,39 @@ if not all(math.isfinite(x) for x in r):
 done(ok=True)
 """
 REWARD_CHECK_TIMEOUT_S = float(os.environ.get("AVSPO_PREFLIGHT_REWARD_TIMEOUT", "120"))
+# scoring two samples: a reward that needs longer for two is as good as hung for a training batch
+REWARD_CALL_TIMEOUT_S = float(os.environ.get("AVSPO_PREFLIGHT_REWARD_CALL_TIMEOUT", "20"))
+
+
+def _read_until_done(proc, timeout_s: float, call_timeout_s: float) -> tuple[str | None, str]:
+    """The probe's output, or ``(None, phase)`` at a deadline: ``timeout_s`` for the import (heavy
+    imports are slow), then ``call_timeout_s`` for the call once the child says it imported."""
+    import select
+    import time
+
+    fd, out, phase = proc.stdout.fileno(), b"", "importing it"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, phase
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return out.decode("utf-8", "replace"), phase
+        out += chunk
+        if phase == "importing it" and b"AVSPO_PREFLIGHT_IMPORTED" in out:
+            phase, deadline = "scoring the first row", time.monotonic() + call_timeout_s
 
 
 def check_reward_file(path: str, row: dict | None, input_key: str, label_key: str | None,
-                      timeout_s: float | None = None) -> None:  # fmt: skip
+                      timeout_s: float | None = None, call_timeout_s: float | None = None) -> None:  # fmt: skip
     """A ``.py`` reward file imports, has ``reward_func``, and returns one finite reward per query
-    for two samples of the first row, within ``timeout_s`` (default
-    ``AVSPO_PREFLIGHT_REWARD_TIMEOUT``, 120 s), in a child process that is killed at the deadline."""
+    for two samples of the first row, in a child process that is killed at the deadline: ``timeout_s``
+    for the import (``AVSPO_PREFLIGHT_REWARD_TIMEOUT``, 120 s), ``call_timeout_s`` for the call
+    (``AVSPO_PREFLIGHT_REWARD_CALL_TIMEOUT``, 20 s)."""
     import subprocess
 
     if not os.path.isfile(path):
@@ -226,19 +253,23 @@ def check_reward_file(path: str, row: dict | None, input_key: str, label_key: st
         label = row.get(label_key) if label_key else None
         payload = {"queries": [prompt + " 0", prompt + " 1"], "prompts": [prompt] * 2, "labels": [label] * 2}
     timeout_s = REWARD_CHECK_TIMEOUT_S if timeout_s is None else timeout_s
+    call_timeout_s = REWARD_CALL_TIMEOUT_S if call_timeout_s is None else call_timeout_s
     proc = subprocess.Popen([sys.executable, "-c", _REWARD_PROBE, path], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(json.dumps(payload), timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+    proc.stdin.write(json.dumps(payload).encode())  # small; the child reads it all before importing
+    proc.stdin.close()
+    out, phase = _read_until_done(proc, timeout_s, call_timeout_s)
+    if out is None:
         os.killpg(proc.pid, 9)
         proc.wait()
-        what = "importing it or scoring the first row" if payload else "importing it"
+        limit, env = ((timeout_s, "AVSPO_PREFLIGHT_REWARD_TIMEOUT") if phase == "importing it"
+                      else (call_timeout_s, "AVSPO_PREFLIGHT_REWARD_CALL_TIMEOUT"))  # fmt: skip
         raise PreflightError(
-            f"--reward.remote_url {path}: no answer after {timeout_s:.0f} s ({what}); a reward that hangs would "
-            "hang training (raise AVSPO_PREFLIGHT_REWARD_TIMEOUT if it is only slow)"
-        ) from None
+            f"--reward.remote_url {path}: no answer after {limit:.0f} s ({phase}); a reward that hangs would "
+            f"hang training (raise {env} if it is only slow)"
+        )
+    proc.wait()
     lines = [ln for ln in out.splitlines() if ln.startswith("AVSPO_PREFLIGHT ")]
     if not lines:
         raise PreflightError(f"--reward.remote_url {path}: the check process died (exit {proc.returncode})")
