@@ -278,6 +278,23 @@ def test_a_slow_import_does_not_eat_the_calls_deadline(tmp_path):
     check_reward_file(str(reward), {"prompt": "q", "answer": "1"}, "prompt", "answer", timeout_s=10, call_timeout_s=2)
 
 
+def test_a_build_lock_left_by_a_killed_process_is_cleared(tmp_path):
+    """Seen here: a run SIGKILLed while DeepSpeed JIT-loaded its shm op left torch's bare `lock`
+    file, and every later run (three at once) hung in init_model_from_pretrained, printing nothing."""
+    import os
+
+    from avspo_openrlhf.cli.preflight import clear_stale_build_locks
+
+    stale = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    fresh = tmp_path / "py311_cpu" / "fused_adam" / "lock"
+    for f in (stale, fresh):
+        f.parent.mkdir(parents=True)
+        f.touch()
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    assert clear_stale_build_locks(str(tmp_path)) == [str(stale)]
+    assert not stale.exists() and fresh.exists()  # a build in progress keeps its lock
+
+
 def test_answer_parsing_is_linear_and_bounded():
     """Adversarial completions: 30k spaces before a word, 98k characters of unclosed boxes, a
     5,000-digit integer: each parses in well under a second (they took 7.9 s, 30 s, and raised)."""

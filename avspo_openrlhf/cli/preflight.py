@@ -368,8 +368,35 @@ def check_ray_address(address: str | None) -> None:
         ) from None
 
 
+STALE_BUILD_LOCK_S = 600.0  # building DeepSpeed's CPU ops takes a minute or two
+
+
+def clear_stale_build_locks(root: str | None = None, max_age_s: float = STALE_BUILD_LOCK_S) -> list[str]:
+    """Remove torch-extension build locks older than ``max_age_s``. DeepSpeed JIT-loads its ops
+    (``deepspeed_shm_comm``, ``cpu_adam``) under torch's ``FileBaton``, a bare ``lock`` file with no
+    owner: a process killed while holding it (kill -9, the OOM killer) leaves it behind, and every
+    later run waits on it forever inside a Ray actor, printing nothing."""
+    import glob
+    import time
+
+    root = root or os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                                          "torch_extensions")  # fmt: skip
+    removed = []
+    for lock in glob.glob(os.path.join(root, "*", "lock")) + glob.glob(os.path.join(root, "*", "*", "lock")):
+        try:
+            if time.time() - os.path.getmtime(lock) > max_age_s:
+                os.remove(lock)
+                removed.append(lock)
+        except OSError:  # another run released or removed it meanwhile
+            continue
+    return removed
+
+
 def preflight(args) -> None:
     """All checks; raises :class:`PreflightError` with one line."""
+    for lock in clear_stale_build_locks():
+        print(f"[avspo] removed a stale build lock {lock} (left by a process killed while building DeepSpeed's "
+              "ops; every run would have waited on it forever)", file=sys.stderr)  # fmt: skip
     check_checkpoints(args)
     if getattr(args, "backend", "gpu") == "cpu":  # OpenRLHF's GPU path handles RAY_ADDRESS itself
         check_ray_address(os.environ.get("RAY_ADDRESS"))
