@@ -57,12 +57,41 @@ def reap(tag: str, grace: float = 10.0) -> int:
     return len(procs)
 
 
+def sweep_temp(folder: str = "/tmp") -> list[str]:
+    """Remove this user's ``ray_avspo_<job>`` temp dirs in ``folder`` that no process of that job
+    uses any more on this node (a teardown cut short by Slurm's SIGKILL leaves one behind)."""
+    import glob
+    import shutil
+
+    import psutil
+
+    live = set()
+    for p in psutil.process_iter():
+        try:
+            tag = p.environ().get("AVSPO_JOB_TAG")
+        except (psutil.Error, OSError):
+            continue
+        if tag:
+            live.add(tag.split(".")[0])
+    removed = []
+    for d in glob.glob(os.path.join(folder, "ray_avspo_*")):
+        job = d.rsplit("_", 1)[1]
+        if os.path.isdir(d) and os.stat(d).st_uid == os.getuid() and job not in live:
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, prog="reap", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tag", required=True, help="the job's AVSPO_JOB_TAG (avspo.sbatch: JOBID.RESTART)")
+    p.add_argument("--tag", help="the job's AVSPO_JOB_TAG (avspo.sbatch: JOBID.RESTART)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--sweep-temp", metavar="DIR", help="instead: remove unused ray_avspo_<job> dirs in DIR")
     a = p.parse_args(argv)
-    if not a.tag.strip():
+    if a.sweep_temp:
+        print(f"[reap] removed {len(sweep_temp(a.sweep_temp))} unused Ray temp dir(s)", flush=True)
+        return 0
+    if not (a.tag or "").strip():
         p.error("--tag must not be empty (it would match nothing, or everything)")
     n = reap(a.tag, a.grace)
     print(f"[reap] {os.uname().nodename}: stopped {n} process(es) of job {a.tag}", flush=True)
