@@ -37,23 +37,28 @@ def tagged(tag: str) -> list:
     return out
 
 
-def reap(tag: str, grace: float = 10.0) -> int:
-    """Terminate the tagged processes, kill what is left after ``grace`` s; the number found."""
+def terminate_then_kill(procs: list, grace: float) -> None:
+    """SIGTERM to ``procs`` (psutil processes), SIGKILL to those still there after ``grace`` s."""
     import psutil
 
-    procs = tagged(tag)
     for p in procs:
         try:
             p.terminate()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace)
     for p in alive:
         try:
             p.kill()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
     psutil.wait_procs(alive, timeout=5)
+
+
+def reap(tag: str, grace: float = 10.0) -> int:
+    """Terminate the tagged processes, kill what is left after ``grace`` s; the number found."""
+    procs = tagged(tag)
+    terminate_then_kill(procs, grace)
     return len(procs)
 
 

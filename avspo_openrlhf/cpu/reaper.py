@@ -43,21 +43,17 @@ def watch(driver_pid: int, poll_s: float, grace_s: float) -> int:
         except psutil.Error:
             pass
         time.sleep(poll_s)
+    from avspo_openrlhf.cluster.reap import terminate_then_kill
+
     left = []
     for pid, started in seen.items():
         try:
             p = psutil.Process(pid)
             if p.create_time() == started:  # the same process, not a reused PID
-                p.terminate()
                 left.append(p)
         except psutil.Error:
             continue
-    _, alive = psutil.wait_procs(left, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
+    terminate_then_kill(left, grace_s)
     return 0
 
 
