@@ -355,17 +355,13 @@ def check_ray_address(address: str | None) -> None:
     ``ray.init`` retries a dead address for minutes, printing connection errors."""
     if not address or address in ("auto", "local") or "://" in address or ":" not in address:
         return
-    import socket
+    from avspo_openrlhf.cluster.ray_wait import listening
 
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=5):
-            return
-    except (OSError, ValueError) as e:
+    if not listening(address, timeout=5):
         raise PreflightError(
-            f"RAY_ADDRESS={address}: no Ray cluster answers there ({type(e).__name__}); start it, or unset "
-            "RAY_ADDRESS to let this run start its own"
-        ) from None
+            f"RAY_ADDRESS={address}: no Ray cluster answers there; start it, or unset RAY_ADDRESS to let this "
+            "run start its own"
+        )
 
 
 STALE_BUILD_LOCK_S = 600.0  # building DeepSpeed's CPU ops takes a minute or two

@@ -51,7 +51,7 @@ def listening(address: str, timeout: float = 2.0) -> bool:
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             return True
-    except OSError:
+    except (OSError, ValueError):  # refused, unreachable, or not HOST:PORT
         return False
 
 
