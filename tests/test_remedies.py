@@ -164,14 +164,20 @@ def test_greso_audit_counts_false_skips_and_the_state_round_trips():
     g.observe(keys, torch.zeros(64, G))
     skip, audit = g.select(keys)
     assert skip.any() and audit.any() and not (audit & ~skip).any()  # audited prompts are skipped ones
-    assert g.record_audit(torch.tensor([_group(0), _group(2), _group(G)])) == 1  # only the mixed one
+    assert g.record_audit(torch.tensor([_group(0), _group(2), _group(G)]), tokens=120) == 1  # only the mixed one
     m = g.metrics()
     assert m["greso/false_skips_cum"] == 1 and m["greso/audited_cum"] == int(audit.sum())
+    assert m["greso/audit_tokens_cum"] == 120
     assert m["greso/skipped_cum"] + m["greso/kept_cum"] == 64
 
     restored = GRESOSelector(p_hard=0.05, delta=0.01, audit=0.5, seed=99)  # same options, another seed
     restored.load_state_dict(g.state_dict())
-    assert restored.metrics() == pytest.approx(g.metrics(), nan_ok=True)
+    assert restored.metrics() == pytest.approx(g.metrics(), nan_ok=True)  # audit tokens included
+    old = g.state_dict()  # a checkpoint written before the audit-token counter existed
+    del old["counts"]["audit_tokens"]
+    legacy = GRESOSelector(p_hard=0.05, delta=0.01, audit=0.5)
+    legacy.load_state_dict(old)
+    assert legacy.metrics()["greso/audit_tokens_cum"] == 0
     for _ in range(3):  # the same future: history, p and the random generator all came back
         a, b = g.select(keys), restored.select(keys)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

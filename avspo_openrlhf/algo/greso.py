@@ -84,7 +84,8 @@ class GRESOSelector:
         self.index: dict[str, int] = {}
         self.kind = torch.zeros(0, dtype=torch.int8)
         self.z = torch.zeros(0, dtype=torch.int32)
-        self.counts = dict(seen=0, skipped=0, kept=0, audited=0, false_skips=0, adapted_steps=0)
+        # audit_tokens: tokens generated for audits, which the token budget of a run does not count
+        self.counts = dict(seen=0, skipped=0, kept=0, audited=0, false_skips=0, adapted_steps=0, audit_tokens=0)
         self.revisits = False  # p adapts once some prompt is rolled out a second time (GRESO: epoch >= 1)
 
     # ── history ──
@@ -152,8 +153,10 @@ class GRESOSelector:
             self.counts["adapted_steps"] += 1
         return {f"greso/frac_{k}": v for k, v in frac.items()}
 
-    def record_audit(self, rewards: torch.Tensor) -> int:
-        """Audited (skipped, rolled out anyway) groups ``[A, G]``: count those that were mixed."""
+    def record_audit(self, rewards: torch.Tensor, tokens: int = 0) -> int:
+        """Audited (skipped, rolled out anyway) groups ``[A, G]`` that cost ``tokens`` generated
+        tokens: count those that were mixed."""
+        self.counts["audit_tokens"] += int(tokens)
         if rewards.shape[0] == 0:
             return 0
         stats = collapse_stats(rewards.detach().float().cpu(), self.tol, self.reward_range)
@@ -173,6 +176,7 @@ class GRESOSelector:
             "greso/audited_cum": float(c["audited"]),
             "greso/false_skips_cum": float(c["false_skips"]),
             "greso/false_skip_rate": c["false_skips"] / c["audited"] if c["audited"] else float("nan"),
+            "greso/audit_tokens_cum": float(c["audit_tokens"]),
             "greso/prompts_tracked": float(len(self.index)),
         }
 
@@ -193,6 +197,6 @@ class GRESOSelector:
         self.kind = torch.tensor(state["kind"], dtype=torch.int8)
         self.z = torch.tensor(state["z"], dtype=torch.int32)
         self.p = dict(state["p"])
-        self.counts = dict(state["counts"])
+        self.counts = {**self.counts, **state["counts"]}  # a checkpoint from before a counter existed: 0
         self.revisits = bool(state["revisits"])
         self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))

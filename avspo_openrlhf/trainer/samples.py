@@ -170,7 +170,7 @@ class AVSPOSamplesGenerator(SamplesGenerator):
         self._auditing = False
         self._call_tokens = 0  # tokens generated for training in the current call
         self._call_groups: list = []  # (prompt, reward) of every response of the call (GRESO history)
-        self.counters = dict(audit_tokens=0)
+        self._audit_tokens = 0  # tokens of the current audit rollout (kept in GRESO's checkpointed counts)
 
     def state_with_extras(self, dataloader):
         """``dataloader`` whose state_dict carries this generator's GRESO state (or itself)."""
@@ -218,15 +218,15 @@ class AVSPOSamplesGenerator(SamplesGenerator):
             audit, self._audit = self._audit, []
             prompts, labels, images = (list(x) for x in zip(*audit))
             self._training_call = self._auditing = True  # counted apart, never trained on
+            self._audit_tokens = 0
             try:
                 out, _, _ = SamplesGenerator._generate_vllm(self, iter([(None, prompts, labels, images)]), len(prompts),
                                                             False, **generate_kwargs)  # fmt: skip
             finally:
                 self._training_call = self._auditing = False
             rewards = torch.cat([e.rewards for e in out]).float().reshape(-1, n)
-            self.greso.record_audit(rewards)
+            self.greso.record_audit(rewards, tokens=self._audit_tokens)
         metrics.update(self.greso.metrics())
-        metrics["greso/audit_tokens_cum"] = float(self.counters["audit_tokens"])
         return metrics
 
     def generate_eval_samples(self, **generate_kwargs):
@@ -269,7 +269,7 @@ class AVSPOSamplesGenerator(SamplesGenerator):
         if self._training_call:  # every response generated for training, kept or filtered
             tokens = sum(end - start for start, end in response["action_ranges"])
             if self._auditing:
-                self.counters["audit_tokens"] += tokens
+                self._audit_tokens += tokens
             else:
                 self._call_tokens += tokens
                 if self.greso is not None:
