@@ -35,6 +35,12 @@ def test_experiment_runs_two_modes_on_split_cores(tmp_path):
         assert 0 <= m["trainer/idle_ratio"] <= 1 and 0 <= m["rollouter/idle_ratio"] <= 1
     assert modes["sync"]["speedup"] == 1.0 and modes["sync"]["staleness_mean"] == 0
     assert modes["async-q1"]["staleness_mean"] == 0.5  # step 1 trains version 0 (0), step 2 version 0 (1)
+    # the probe calibration, start-up, break-even and the host's load come with every run
+    q1 = modes["async-q1"]
+    assert math.isfinite(q1["probe_throughput_error"]) and q1["probe_overlap_slowdown"] >= 0
+    assert 0 < q1["startup_s"] < q1["run_wall_s"] and "break_even_steps" in q1 and "extra_startup_s" in q1
+    assert 0 <= out["runs"]["sync"]["0"]["host_busy_before"] <= 1
+    assert out["workload"] == "documented-custom" and out["precision"] in ("bf16", "fp32") and "cores" in out["cpu"]
     for f in ("results.md", "timeline.png", "throughput.png", "staleness.png", "reward_curves.png"):
         assert (res / f).stat().st_size > 0, f
     # the split really applied: each side reads its own affinity and thread count back

@@ -276,6 +276,37 @@ def test_overhead_and_overlap_slowdown_closed_forms():
     assert simulate(long_train, PipelineConfig("async", 1), 200).summary()["step_s"] == pytest.approx(3.3)
     with pytest.raises(ValueError, match="overlap_slowdown"):
         Workload(Dist.const(1), Dist.const(1), overlap_slowdown=-0.1)
+    with pytest.raises(ValueError, match="train_slowdown"):
+        Workload(Dist.const(1), Dist.const(1), train_slowdown=float("nan"))
+
+
+def test_train_slowdown_and_async_overhead_closed_forms():
+    # training-bound async q=1: the next generation (0.5 s) runs during the first part of each train
+    # phase; training progresses at 1/1.2 then: 0.5 s wall covers 0.5/1.2 of its 1 s, the rest at full speed
+    w = Workload(Dist.const(0.5), Dist.const(1.0), Dist.const(0.1), train_slowdown=0.2)
+    step = simulate(w, PipelineConfig("async", 1), 200).summary()["step_s"]
+    assert step == pytest.approx(0.5 + (1.0 - 0.5 / 1.2) + 0.1)
+    # both slow each other: the generation takes 0.5 * 1.5 s of wall, training progresses 0.75/1.2 then
+    both = Workload(Dist.const(0.5), Dist.const(1.0), Dist.const(0.1), train_slowdown=0.2, overlap_slowdown=0.5)
+    assert simulate(both, PipelineConfig("async", 1), 200).summary()["step_s"] == pytest.approx(
+        0.75 + (1 - 0.75 / 1.2) + 0.1
+    )
+    # sync: nothing overlaps, neither slowdown applies; the async overhead applies to async steps only
+    split = Workload(Dist.const(0.5), Dist.const(1.0), Dist.const(0.1), overhead=0.01, async_overhead=0.05,
+                     train_slowdown=0.2, overlap_slowdown=0.5)  # fmt: skip
+    assert simulate(split, PipelineConfig("sync"), 50).summary()["step_s"] == pytest.approx(1.61)
+    assert simulate(split, PipelineConfig("async", 1), 200).summary()["step_s"] == pytest.approx(
+        0.75 + (1 - 0.75 / 1.2) + 0.1 + 0.05
+    )
+
+
+def test_cli_sets_the_overlap_terms_by_hand(capsys):
+    args = ["--phase-times", "0.5", "1", "0.1", "--queue-size", "1", "--steps", "100", "--seeds", "1"]
+    assert simulate_main([*args, "--train-slowdown", "0.2", "--overhead", "0.05"]) == 0
+    out = capsys.readouterr().out
+    assert "training 20 % slower beside generation" in out and "overhead 0.050 s/step (async 0.050)" in out
+    assert simulate_main([*args, "--train-slowdown", "-1"]) == 2
+    assert "train_slowdown must be finite and >= 0" in capsys.readouterr().err
 
 
 def test_overhead_and_slowdown_are_calibrated_from_a_sync_and_an_async_run(tmp_path):
@@ -289,12 +320,19 @@ def test_overhead_and_slowdown_are_calibrated_from_a_sync_and_an_async_run(tmp_p
     for i in range(8):
         rows.append({"step": i + 1, "timing/generation": 2.3, "timing/make_experience": 0.4, "timing/ppo_train": 0.6,
                      "timing/broadcast": 0.2, "async/sync_lock_wait_s": 0.0, "async/staleness": 1.0,
-                     "async/trainer_idle_s": 1.0, "timeline/gen_start": end - 1, "timeline/gen_end": end + 1.3,
+                     "async/trainer_idle_s": 1.0, "timeline/gen_start": end - 1.3, "timeline/gen_end": end + 1.0,
                      "timeline/step_start": end + 1.05, "timeline/step_end": end + 2.25})  # fmt: skip
         end += 2.25
     assert step_overhead(sync_rows) == pytest.approx(0.0, abs=1e-9)
     o = overlap_calibration(sync_rows, rows)
     assert o["overlap_slowdown"] == pytest.approx(0.15) and o["overhead"] == pytest.approx(0.05)
+    assert o["train_slowdown"] == pytest.approx(0.0)  # 1.0 s of training in both runs
+    # a batch done before the previous step ended: the trainer's "idle" time is hand-over, not waiting
+    ready = [dict(r, **{"timeline/gen_start": r["timeline/gen_start"] - 1.2, "timeline/gen_end": r["timeline/gen_end"] - 1.2,
+                        "timing/ppo_train": 0.66}) for r in rows]  # fmt: skip
+    # interval 2.25 = train 1.06 + sync 0.2 + 0.99 that no phase covers (the 1.0 s the idle timer counts is hand-over)
+    assert step_overhead(ready) == pytest.approx(0.99)
+    assert overlap_calibration(sync_rows, ready)["train_slowdown"] == pytest.approx(0.06)
     path_s, path_a = tmp_path / "sync.jsonl", tmp_path / "async.jsonl"
     path_s.write_text("".join(json.dumps(r) + "\n" for r in sync_rows))
     path_a.write_text("".join(json.dumps(r) + "\n" for r in rows))

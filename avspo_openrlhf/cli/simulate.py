@@ -146,13 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mean-preserving lognormal noise on generation times (long-tailed response lengths)")  # fmt: skip
     p.add_argument("--overlap-from", metavar="PATH",
                    help="with --from-metrics SYNC_RUN: an async run's (or a 3-step overlapped probe's) metrics.jsonl, "
-                   "to calibrate what a sync run cannot show: generation slowed by training beside it, and the "
-                   "async per-step overhead")  # fmt: skip
+                   "to calibrate what a sync run cannot show: generation and training slowed by each other beside "
+                   "them, and the async per-step overhead")  # fmt: skip
     p.add_argument(
         "--overhead", type=float, default=None, help="seconds per step beyond the phases (default: calibrated, else 0)"
     )
     p.add_argument("--overlap-slowdown", type=float, default=None,
                    help="generation slowdown while training overlaps it, e.g. 0.12 (default: calibrated, else 0)")  # fmt: skip
+    p.add_argument("--train-slowdown", type=float, default=None,
+                   help="training slowdown while a generation overlaps it, e.g. 0.04 (default: calibrated, else 0)")  # fmt: skip
     p.add_argument("--skip-steps", type=int, default=WARMUP_STEPS,
                    help="warm-up steps left out of the calibration and of every rate (one rule for both)")  # fmt: skip
     p.add_argument("--steps", type=int, default=200, help="simulated training steps per run")
@@ -188,20 +190,25 @@ def main(argv: list[str] | None = None) -> int:
                 w = calibrate(rows, args.skip_steps, args.tail_sigma, args.engines_ref)
                 if args.overlap_from:
                     o = overlap_calibration(rows, load_rows(args.overlap_from), args.skip_steps)
-                    w = dataclasses.replace(w, overlap_slowdown=o["overlap_slowdown"], overhead=o["overhead"])
+                    w = dataclasses.replace(w, overlap_slowdown=o["overlap_slowdown"],
+                                            train_slowdown=o["train_slowdown"], async_overhead=o["overhead"])  # fmt: skip
                 elif args.overlap_slowdown is None:
-                    print("note: calibrated from one run: the generation slowdown while training overlaps it and the "
-                          "async per-step overhead are not in it (0 assumed, so async is predicted optimistically); "
-                          "add --overlap-from <an async run's metrics.jsonl>")  # fmt: skip
+                    print("note: calibrated from one run: how much generation and training slow each other when they "
+                          "overlap and the async per-step overhead are not in it (the sync run's overhead and no "
+                          "slowdown assumed, so async is predicted optimistically); add --overlap-from <an async "
+                          "run's metrics.jsonl>")  # fmt: skip
             else:
                 if args.overlap_from:
                     raise ValueError("--overlap-from needs --from-metrics (the sync run it is compared with)")
                 g, t, s = args.phase_times
                 w = Workload(Dist((g,), args.tail_sigma), Dist.const(t), Dist.const(s))
-            w = dataclasses.replace(w, **{k: v for k, v in [("overhead", args.overhead),
-                                                           ("overlap_slowdown", args.overlap_slowdown)] if v is not None})  # fmt: skip
+            given = [("overhead", args.overhead), ("async_overhead", args.overhead),
+                     ("overlap_slowdown", args.overlap_slowdown), ("train_slowdown", args.train_slowdown)]  # fmt: skip
+            w = dataclasses.replace(w, **{k: v for k, v in given if v is not None})
+            o_async = w.overhead if w.async_overhead is None else w.async_overhead
             print(f"phase means: gen {w.gen.mean:.2f} s, train {w.train.mean:.2f} s, sync {w.sync.mean:.2f} s; "
-                  f"overhead {w.overhead:.3f} s/step, generation {100 * w.overlap_slowdown:.0f} % slower beside training")  # fmt: skip
+                  f"overhead {w.overhead:.3f} s/step (async {o_async:.3f}), generation {100 * w.overlap_slowdown:.0f} % "
+                  f"slower beside training, training {100 * w.train_slowdown:.0f} % slower beside generation")  # fmt: skip
             cfgs = configs(args.queue_size, args.max_staleness or [None], args.partial_rollout, args.engines)
             rows = predict(w, cfgs, args.steps, args.seeds)
             print(table(rows))

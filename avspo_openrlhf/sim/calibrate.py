@@ -66,17 +66,22 @@ def calibrate(rows: list[dict], skip: int | None = None, tail_sigma: float = 0.0
 
 
 def step_overhead(rows: list[dict], skip: int | None = None) -> float:
-    """Mean seconds per steady step that no phase timer covers: the interval between step ends
-    minus the trainer's own step (``timeline/step_*``) and its wait for a batch
-    (``async/trainer_idle_s``); in a sync run the step includes the generation. 0 without timelines."""
+    """Mean seconds per steady step that no phase timer covers. Sync: the interval between step ends
+    minus the generation and the trainer's step. Async: the interval minus the phases the trainer
+    runs (train, weight sync with its lock wait) and the time it really waited for its batch's
+    generation (from the previous step's end to that generation's end): what is left is the
+    hand-over (reward, queue get, Ray round trips) and logging, which the trainer's idle time
+    (``async/trainer_idle_s``) counts as waiting although the batch was done. 0 without timelines."""
     have = [r for r in rows if all(k in r for k in TIMELINE_KEYS)]
     gaps = []
     for prev, r in zip(have, have[1:]):
         if r["step"] != prev["step"] + 1:
             continue
         interval = r["timeline/step_end"] - prev["timeline/step_end"]
-        if "async/trainer_idle_s" in r:  # async (only async logs it): the trainer's step + its wait for the queue
-            covered = r["timeline/step_end"] - r["timeline/step_start"] + r.get("async/trainer_idle_s", 0.0)
+        if "async/trainer_idle_s" in r:  # async (only async logs it)
+            ph = phase_times(r)
+            waited = max(0.0, r["timeline/gen_end"] - prev["timeline/step_end"])
+            covered = ph["train"] + r.get("timing/broadcast", 0.0) + waited
         else:  # sync: generation, then the trainer's step
             covered = r["timeline/step_end"] - r["timeline/gen_start"]
         gaps.append((r["step"], max(0.0, interval - covered)))
@@ -86,12 +91,15 @@ def step_overhead(rows: list[dict], skip: int | None = None) -> float:
 
 
 def overlap_calibration(sync_rows: list[dict], async_rows: list[dict], skip: int | None = None) -> dict:
-    """What only an overlapped run shows: how much slower generation is while training runs beside
-    it (mean async generation / mean sync generation - 1, same workload) and the async per-step
-    overhead. ``async_rows``: an async run, or a short overlapped probe (3 steps are enough)."""
-    gen = lambda rows: statistics.fmean(phase_times(r)["gen"] for r in steady(rows, skip))  # noqa: E731
-    g_sync, g_async = gen(sync_rows), gen(async_rows)
-    return {"overlap_slowdown": max(0.0, g_async / g_sync - 1.0) if g_sync > 0 else 0.0,
+    """What only an overlapped run shows: how much slower generation and training are while the
+    other runs beside them (mean async phase / mean sync phase - 1, same workload) and the async
+    per-step overhead. ``async_rows``: an async run, or a short overlapped probe (3 steps are enough)."""
+
+    def ratio(phase: str) -> float:
+        a, b = (statistics.fmean(phase_times(r)[phase] for r in steady(x, skip)) for x in (async_rows, sync_rows))
+        return max(0.0, a / b - 1.0) if b > 0 else 0.0
+
+    return {"overlap_slowdown": ratio("gen"), "train_slowdown": ratio("train"),
             "overhead": step_overhead(async_rows, skip), "sync_overhead": step_overhead(sync_rows, skip)}  # fmt: skip
 
 

@@ -13,11 +13,12 @@ It follows OpenRLHF 0.11.2's trainers as this project runs them (docs/async.md h
 - ``max_staleness``: a batch generated more than this many versions before the step that would train
   it is rejected (no training, no sync): its generation was wasted (``--buffer.max_staleness``).
 
-Two terms no phase timer covers (measured on shared CPUs, docs/async.md): ``overhead``, seconds
-each trained step costs beyond its phases (queue get, lock round trips, logging), and
-``overlap_slowdown``, how much slower generation runs while the trainer trains at the same time
-(shared cores, memory bandwidth): a generation progresses at rate 1 / (1 + overlap_slowdown)
-whenever the trainer is in its train phase, at rate 1 otherwise.
+Three terms no phase timer covers (measured on shared CPUs, docs/async.md): ``overhead``, seconds
+each trained step costs beyond its phases (queue get, lock round trips, batch hand-over, logging),
+and how much slower each phase runs while the other runs beside it (shared cores, memory
+bandwidth): a generation progresses at rate 1 / (1 + overlap_slowdown) whenever the trainer is in
+its train phase, a train phase at rate 1 / (1 + train_slowdown) whenever a generation runs, each at
+rate 1 otherwise.
 
 Staleness is the project's ``async/staleness``: the trainer's step count minus the policy version the
 engine held when the batch's generation started.
@@ -84,12 +85,15 @@ class Workload:
     tokens_per_step: float = 0.0
     overhead: float = 0.0  # seconds per trained step beyond the phases
     overlap_slowdown: float = 0.0  # generation is this much slower while training runs beside it
+    train_slowdown: float = 0.0  # training is this much slower while a generation runs beside it
+    # async steps pay more than sync ones (queue, batch hand-over between actors); None: ``overhead``
+    async_overhead: float | None = None
 
     def __post_init__(self):
-        if not (self.overhead >= 0 and math.isfinite(self.overhead)):
-            raise ValueError(f"overhead must be finite and >= 0, got {self.overhead}")
-        if not (self.overlap_slowdown >= 0 and math.isfinite(self.overlap_slowdown)):
-            raise ValueError(f"overlap_slowdown must be finite and >= 0, got {self.overlap_slowdown}")
+        for name in ("overhead", "overlap_slowdown", "train_slowdown", "async_overhead"):
+            v = getattr(self, name)
+            if v is not None and not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be finite and >= 0, got {v}")
 
 
 @dataclass(frozen=True)
@@ -295,24 +299,37 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
     slots = _Store(sim, items=[0] * q)
     queue = _Store(sim, capacity=q)
     lock = _Store(sim, capacity=1, items=[None])
-    # gen: the generation in progress; its end moves when a sync pauses it (partial rollout) or when
-    # the trainer starts or stops training beside it (overlap_slowdown)
-    state = {"version": 0, "done": False, "gen": None, "training": False}
-    slow = 1.0 + workload.overlap_slowdown
+    # gen / train: the generation / train phase in progress. A job's end moves when the other phase
+    # starts or stops beside it (overlap_slowdown, train_slowdown) or a sync pauses it (partial rollout)
+    state = {"version": 0, "done": False, "gen": None, "train": None}
+    slow = {"gen": 1.0 + workload.overlap_slowdown, "train": 1.0 + workload.train_slowdown}
+    other = {"gen": "train", "train": "gen"}
+    overhead = workload.overhead if workload.async_overhead is None else workload.async_overhead
 
-    def rate() -> float:
-        return 1.0 / slow if state["training"] else 1.0
+    def rate(kind: str) -> float:
+        return 1.0 / slow[kind] if state[other[kind]] is not None else 1.0
 
-    def reschedule(job) -> None:
+    def reschedule(kind: str) -> None:
+        job = state[kind]
         job["left"] -= (sim.now - job["since"]) * job["rate"]
-        job["since"], job["rate"] = sim.now, rate()
+        job["since"], job["rate"] = sim.now, rate(kind)
         job["end"] = sim.now + max(job["left"], 0.0) / job["rate"] + job.pop("pause", 0.0)
         job["epoch"] += 1
 
-    def set_training(on: bool) -> None:
-        state["training"] = on
-        if state["gen"] is not None and slow != 1.0:
-            reschedule(state["gen"])
+    def run_job(kind: str, work: float):
+        """Wait until ``work`` seconds of this phase are done (at the rates above)."""
+        job = state[kind] = {"left": work, "since": sim.now, "rate": rate(kind), "epoch": 0}
+        job["end"] = sim.now + work / job["rate"]
+        if state[other[kind]] is not None and slow[other[kind]] != 1.0:
+            reschedule(other[kind])
+        while True:
+            epoch = job["epoch"]
+            yield job["end"] - sim.now
+            if job["epoch"] == epoch:
+                break
+        state[kind] = None
+        if state[other[kind]] is not None and slow[other[kind]] != 1.0:
+            reschedule(other[kind])
 
     def generator():
         while not state["done"]:
@@ -325,15 +342,7 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
             if sim.now > t_wait:
                 spans.append(("generator", "wait", t_wait, sim.now))
             start, version = sim.now, state["version"]
-            work = gen_time()
-            job = state["gen"] = {"left": work, "since": sim.now, "rate": rate(), "epoch": 0}
-            job["end"] = sim.now + work / job["rate"]
-            while True:  # a sync (partial rollout) or the trainer (overlap) may move the end
-                epoch = job["epoch"]
-                yield job["end"] - sim.now
-                if job["epoch"] == epoch:
-                    break
-            state["gen"] = None
+            yield from run_job("gen", gen_time())
             if not config.partial_rollout:
                 yield lock.put(None)
             spans.append(("generator", "generate", start, sim.now))
@@ -343,7 +352,7 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
         job = state["gen"]
         if job is not None:
             job["pause"] = job.get("pause", 0.0) + seconds
-            reschedule(job)
+            reschedule("gen")
             job["left"] += seconds * job["rate"]  # the pause costs wall time, not work: keep it in "left"
             job.pop("pause", None)
 
@@ -360,9 +369,7 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
                 res.rejected += 1
                 continue
             start = sim.now
-            set_training(True)
-            yield workload.train.sample(rng)
-            set_training(False)
+            yield from run_job("train", workload.train.sample(rng))
             spans.append(("trainer", "train", start, sim.now))
             t_wait = sim.now
             yield lock.get()
@@ -377,8 +384,8 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
             step += 1
             state["version"] = step
             yield lock.put(None)
-            if workload.overhead:
-                yield workload.overhead
+            if overhead:
+                yield overhead
             res.steps.append({"step": step, "end": sim.now, "staleness": staleness, "version": batch["version"]})
         state["done"] = True
 

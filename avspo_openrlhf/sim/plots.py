@@ -51,13 +51,14 @@ def plot_throughput(rows: list[dict], path: str) -> None:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows)), 4))
     xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [r["speedup"] for r in rows], 0.4, label="measured (mean; dots: seeds)")
+    ax.bar([x - 0.27 for x in xs], [r["speedup"] for r in rows], 0.27, label="measured (mean; dots: seeds)")
     for x, r in zip(xs, rows):
         seeds = r.get("speedup_seeds") or []
-        ax.scatter([x - 0.2] * len(seeds), seeds, color="k", s=10, zorder=3)
-    if any("predicted_speedup" in r for r in rows):
-        ax.bar([x + 0.2 for x in xs], [r.get("predicted_speedup", 0) for r in rows], 0.4,
-               label="simulator calibrated on the sync run", alpha=0.7)  # fmt: skip
+        ax.scatter([x - 0.27] * len(seeds), seeds, color="k", s=10, zorder=3)
+    for dx, key, label in ((0.0, "predicted_speedup", "simulator calibrated on the sync run alone"),
+                           (0.27, "probe_predicted_speedup", "simulator: sync run + 3-step overlapped probe")):  # fmt: skip
+        if any(key in r for r in rows):
+            ax.bar([x + dx for x in xs], [r.get(key, 0) for r in rows], 0.27, label=label, alpha=0.7)
     ideal = rows[0].get("ideal")
     if ideal:
         ax.axhline(ideal, color="k", ls="--", lw=1, label=f"ideal {ideal:.2f}x (estimate from the phase timers)")

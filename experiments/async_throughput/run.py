@@ -1,8 +1,9 @@
 """Async throughput: what asynchronous rollout buys on this machine, what staleness costs, and how
 well the pipeline simulator (``avspo-simulate``) predicts it.
 
-    python experiments/async_throughput/run.py --out runs/async_throughput          # CPU, ~30 min on 2 cores
-    python experiments/async_throughput/run.py --out runs/a --modes sync async-q1 --steps 2 --seeds 0  # smoke
+    python experiments/async_throughput/run.py --workload documented --dtype bf16   # CPU, ~25 min on 2 cores
+    python experiments/async_throughput/run.py --workload untuned --dtype fp32
+    python experiments/async_throughput/run.py --out runs/a --results /tmp/a --modes sync async-q1 --steps 2 --seeds 0  # smoke
 
 Every mode trains the same workload (model, prompts, G, steps, seed) with ``avspo-train``; all but
 ``sync-all`` put the rollout engine and the DeepSpeed actors on disjoint cores (``--split E/T``
@@ -10,21 +11,29 @@ cores, ``--cpu.engine_cores``/``--cpu.train_cores``), the shape of a cluster job
 generation and training GPUs, so ``sync`` on the same split is the fair baseline. From each run's
 ``metrics.jsonl`` (``timing/*``, ``timeline/*``, ``async/*``): wall time per step, samples/s and
 tokens/s, speedup over sync and the ideal ``(T_gen + T_train) / max(T_gen, T_train)`` from the sync
-run's own phases, idle ratios, staleness, reward and ACR; the simulator, calibrated on each seed's
-sync run, predicts every mode, and its error is reported. ``--learning`` adds held-out accuracy
+run's own phases, idle ratios, staleness, reward and ACR, start-up time and the step count where async
+breaks even with sync. The simulator predicts every mode calibrated three ways, each with its error:
+on the seed's sync run alone (what a user has before trying async; it cannot see the overlap terms),
+on that sync run plus a short overlapped probe (the first ``PROBE_STEPS`` steps of the seed's
+async-q1 run: one warm-up + 3 overlapped steps; the rest of that run is not used), and on the mode's
+own phase times (the pipeline model alone). The host's load (busy share of its cores in the 5 s
+before each run, from /proc/stat) is recorded beside each run. ``--learning`` adds held-out accuracy
 after the quickstart's 8 steps for sync vs async modes (``--learning-seeds``; ~11 min per run on 2 cores).
 
 On a GPU machine the same modes run with ``--backend gpu`` and the resource flags of your split,
 e.g. ``-- --actor.num_gpus_per_node 4 --vllm.num_engines 4`` (documented; not run in CI).
 
-Writes ``results.md``, ``results.json`` and plots (timeline, throughput, staleness, learning
-curves) to ``--results`` (default: this folder).
+Writes ``results.md``, ``results.json`` and plots (timeline, throughput, staleness, reward curves)
+to ``--results`` (default: ``<workload>-<precision>/`` in this folder), then rebuilds this folder's
+``results.md``: one table over every workload and precision measured so far. ``--learning`` writes
+``learning.md``/``learning.json`` here (every run kept).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -32,9 +41,11 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+from avspo_openrlhf.cpu.dtype import cpu_kind, resolve_cpu_dtype
 from avspo_openrlhf.sim import (
     PipelineConfig,
     calibrate,
@@ -45,6 +56,7 @@ from avspo_openrlhf.sim import (
     simulate,
     summarize,
 )
+from avspo_openrlhf.sim.calibrate import overlap_calibration
 from avspo_openrlhf.sim.pipeline import WARMUP_STEPS
 from avspo_openrlhf.sim.plots import plot_curves, plot_gantt, plot_staleness, plot_throughput
 
@@ -68,7 +80,41 @@ MODES = {
     "async-q1-partial": (1, True, ["--train.partial_rollout_enable"], PipelineConfig("async", 1, partial_rollout=True)),
 }
 GPU_ONLY = {"async-q1-partial": "vLLM pause/resume for in-flight weight sync: GPU engines only"}
-DEFAULT_MODES = [m for m in MODES if m not in GPU_ONLY]
+DEFAULT_MODES = ["sync-all", "sync", "async-q1", "async-q2", "async-q4", "async-q4-stale1"]
+PROBE_STEPS = WARMUP_STEPS + 3  # the overlapped probe: warm-up + 3 overlapped steps of the async-q1 run
+# the step lengths measured: "documented" was tuned so that generation and training take about as long
+# on one core each; "untuned" is a workload nobody tuned (short steps); "long" has long steps
+WORKLOADS = {
+    "documented": dict(prompts_per_step=4, group_size=8, max_new_tokens=128, ppo_epochs=3, steps=14),
+    "untuned": dict(prompts_per_step=8, group_size=8, max_new_tokens=96, ppo_epochs=1, steps=24),
+    "long": dict(prompts_per_step=8, group_size=8, max_new_tokens=256, ppo_epochs=2, steps=10),
+}
+
+
+def host_busy(seconds: float = 5.0) -> float:
+    """Busy share of this process's cores over ``seconds`` (/proc/stat; nan where it is missing):
+    what else ran on the host just before a run."""
+    cores = sorted(os.sched_getaffinity(0))
+
+    def sample():
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *vals = line.split()
+                if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                    v = [int(x) for x in vals]
+                    out[name] = (sum(v), v[3] + v[4])  # total, idle + iowait
+        return out
+
+    try:
+        a = sample()
+        time.sleep(seconds)
+        b = sample()
+    except OSError:
+        return float("nan")
+    total = sum(b[k][0] - a[k][0] for k in b)
+    idle = sum(b[k][1] - a[k][1] for k in b)
+    return 1 - idle / total if total > 0 else float("nan")
 
 
 def _workload_args(a, seed: int, mode: str) -> SimpleNamespace:
@@ -110,19 +156,26 @@ def run_mode(a, model: str, mode: str, seed: int, root: Path) -> Path:
         cmd += ["--cpu.engine_cores", f"n{e}", "--cpu.train_cores", f"n{t}"]
     cmd += a.extra
     out.mkdir(parents=True, exist_ok=True)
-    print(f"[async] {mode} seed {seed} -> {out}", flush=True)
+    busy = host_busy()
+    print(f"[async] {mode} seed {seed} -> {out} (host busy {100 * busy:.0f} % before)", flush=True)
     t0 = time.time()
     with open(out / "train.log", "w") as log:
         r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if r.returncode != 0:
         raise SystemExit(f"[async] {mode} seed {seed} failed (exit {r.returncode}); see {out / 'train.log'}")
-    print(f"[async] {mode} seed {seed}: {time.time() - t0:.0f} s", flush=True)
-    (out / "DONE").write_text(f"{time.time() - t0:.1f} s\n")
+    wall = time.time() - t0
+    print(f"[async] {mode} seed {seed}: {wall:.0f} s", flush=True)
+    # written last: a run without it is rerun
+    (out / "DONE").write_text(json.dumps({"launch": t0, "wall_s": wall, "host_busy_before": busy}) + "\n")
     return out
 
 
 def measure(run: Path) -> dict:
     rows = load_rows(str(run / "report" / "metrics.jsonl"))
+    try:
+        done = json.loads((run / "DONE").read_text())
+    except ValueError:  # a run of an earlier version of this script: its wall time only
+        done = {}
     steps, spans = measured_timeline(rows)
     n = statistics.fmean(r.get("rollout/num_samples", 0.0) for r in rows)
     toks = n * statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in rows)
@@ -137,7 +190,14 @@ def measure(run: Path) -> dict:
     binding = run / "report" / "cpu_binding.json"
     s["cpu_binding"] = json.loads(binding.read_text()) if binding.exists() else None
     s["timeline"] = {"steps": steps, "spans": spans}
-    s["_workload"], s["_n_steps"] = w, len(rows)  # the simulator's inputs (left out of results.json)
+    s["_workload"], s["_n_steps"], s["_rows"] = w, len(rows), rows  # the simulator's inputs (not in results.json)
+    if done:
+        # start-up: launch to the first generation (Ray, model loads, engines); fixed cost: what the run
+        # took beyond its steps at the steady rate (start-up, warm-up, final save and shutdown)
+        s["startup_s"] = min(r["timeline/gen_start"] for r in rows if "timeline/gen_start" in r) - done["launch"]
+        s["run_wall_s"] = done["wall_s"]
+        s["fixed_s"] = done["wall_s"] - len(rows) * s["step_s"]
+        s["host_busy_before"] = done.get("host_busy_before", float("nan"))
     return s
 
 
@@ -149,9 +209,14 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
         per = []
         for seed, m in seeds.items():
             base = measured.get("sync", {}).get(seed)
+            everything = measured.get("sync-all", {}).get(seed)
+            probe = measured.get("async-q1", {}).get(seed)
             r = {"step_s": m["step_s"], "samples_per_s": m["samples_per_s"], "tokens_per_s": m["tokens_per_s"],
                  "trainer/idle_ratio": m["trainer/idle_ratio"], "rollouter/idle_ratio": m["rollouter/idle_ratio"],
-                 "staleness_mean": m["staleness_mean"], **{f"T_{k}": v for k, v in m["phases"].items()}}  # fmt: skip
+                 "staleness_mean": m["staleness_mean"], **{f"T_{k}": v for k, v in m["phases"].items()},
+                 **{k: m[k] for k in ("startup_s", "run_wall_s", "fixed_s", "host_busy_before") if k in m}}  # fmt: skip
+            if everything is not None:
+                r["speedup_vs_all"] = everything["step_s"] / m["step_s"]
             if base is not None:
                 ph = base["phases"]
                 r["speedup"] = base["step_s"] / m["step_s"]
@@ -159,21 +224,50 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
                 r["lock_bound_ideal"] = lock_bound_speedup(ph["gen"], ph["train"], ph["sync"])
                 r["efficiency"] = r["speedup"] / r["ideal"]
                 # (a) what a user can do before trying async: calibrate on the sync run of the same split;
-                # (b) the pipeline model alone: calibrate on this mode's own phase times
+                # (b) the pipeline model alone: calibrate on this mode's own phase times; (c) the sync run
+                # plus the first PROBE_STEPS steps of async-q1 (the two slowdowns and the async overhead)
                 n_steps = m["_n_steps"]  # same length as measured: the pipeline's fill-up counts alike
-                for key, w in (("", base["_workload"]), ("own_", m["_workload"])):
+                # sync-all runs on other cores than the sync run: only its own phases predict it
+                calib = [("own_", m["_workload"])] + ([("", base["_workload"])] if mode != "sync-all" else [])
+                if probe is not None and mode != "sync-all":  # (c) the sync run + the overlapped probe
+                    o = overlap_calibration(base["_rows"], probe["_rows"][:PROBE_STEPS])
+                    w = base["_workload"]
+                    if MODES[mode][0] is not None:
+                        w = replace(w, overlap_slowdown=o["overlap_slowdown"], train_slowdown=o["train_slowdown"],
+                                    async_overhead=o["overhead"])  # fmt: skip
+                    calib.append(("probe_", w))
+                    r["probe_overlap_slowdown"], r["probe_train_slowdown"] = o["overlap_slowdown"], o["train_slowdown"]
+                    r["probe_overhead_s"], r["sync_overhead_s"] = o["overhead"], o["sync_overhead"]
+                for key, w in calib:
                     sims = [simulate(w, MODES[mode][3], n_steps, s).summary() for s in range(5)]
                     r[f"{key}predicted_step_s"] = statistics.fmean(x["step_s"] for x in sims)
                     r[f"{key}predicted_staleness_mean"] = statistics.fmean(x["staleness_mean"] for x in sims)
                     # + : the simulator predicts a higher throughput than measured
                     r[f"{key}throughput_error"] = m["step_s"] / r[f"{key}predicted_step_s"] - 1
-                r["predicted_speedup"] = base["step_s"] / r["predicted_step_s"]
+                if "predicted_step_s" in r:
+                    r["predicted_speedup"] = base["step_s"] / r["predicted_step_s"]
+                if "probe_predicted_step_s" in r:
+                    r["probe_predicted_speedup"] = base["step_s"] / r["probe_predicted_step_s"]
+                if "fixed_s" in m and "fixed_s" in base and mode != "sync":
+                    # steps N at which N * step + fixed cost is equal: more steps, and async is faster end to end
+                    gain = base["step_s"] - m["step_s"]
+                    extra = m["fixed_s"] - base["fixed_s"]
+                    r["extra_startup_s"] = m["startup_s"] - base["startup_s"]
+                    r["extra_fixed_s"] = extra
+                    r["break_even_steps"] = max(0.0, extra / gain) if gain > 0 else float("inf")
             per.append(r)
         agg = {k: statistics.fmean(p[k] for p in per) for k in per[0] if all(k in p for p in per)}
         hist = sum((Counter(m["staleness_hist"]) for m in seeds.values()), Counter())
-        if all("speedup" in p for p in per):  # every seed's value, not only the mean
-            agg["speedup_seeds"] = [p["speedup"] for p in per]
-            agg["speedup_sd"] = statistics.stdev(agg["speedup_seeds"]) if len(per) > 1 else float("nan")
+        for k in ("speedup", "speedup_vs_all", "throughput_error", "probe_throughput_error", "own_throughput_error",
+                  "break_even_steps"):  # every seed's value, not only the mean  # fmt: skip
+            if all(k in p for p in per):
+                agg[f"{k}_seeds"] = [p[k] for p in per]
+                vals = agg[f"{k}_seeds"]
+                agg[f"{k}_sd"] = (
+                    statistics.stdev(vals) if len(vals) > 1 and all(map(math.isfinite, vals)) else float("nan")
+                )
+        if "break_even_steps_seeds" in agg:  # the mean of a value that can be infinite says little
+            agg["break_even_steps"] = statistics.median(agg["break_even_steps_seeds"])
         agg["rejected_mean"] = statistics.fmean(m.get("rejected", 0.0) for m in seeds.values())
         agg.update(mode=mode, seeds=sorted(seeds), staleness_hist=dict(sorted(hist.items())),
                    reward_mean=statistics.fmean(v for m in seeds.values() for _, v in m["reward"]),
@@ -184,22 +278,38 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
 
 
 def _f(v, pct=False):
-    if v is None or v == "":
+    if v is None or v == "" or (isinstance(v, float) and math.isnan(v)):
         return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "never"
+    if pct == "share":
+        return f"{100 * v:.0f} %"
     return f"{100 * v:+.1f} %" if pct else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+
+def _seeds(r: dict, key: str, pct: bool = False) -> str:
+    """``mean (a, b, c)``: the mean and every seed's value."""
+    vals = r.get(f"{key}_seeds")
+    if not vals:
+        return _f(r.get(key), pct)
+    return f"{_f(r.get(key), pct)} ({', '.join(_f(v, pct) for v in vals)})"
 
 
 def results_table(rows: list[dict]) -> str:
     cols = [("mode", "mode", False), ("s/step", "step_s", False), ("samples/s", "samples_per_s", False),
             ("tokens/s", "tokens_per_s", False), ("speedup vs sync", "speedup", False),
-            ("speedup sd (seeds)", "speedup_sd", False), ("ideal (timer estimate)", "ideal", False),
+            ("speedup sd (seeds)", "speedup_sd", False), ("speedup vs sync-all", "speedup_vs_all", False),
+            ("ideal (timer estimate)", "ideal", False),
             ("efficiency", "efficiency", False), ("trainer/idle_ratio", "trainer/idle_ratio", False),
             ("rollouter/idle_ratio", "rollouter/idle_ratio", False), ("staleness mean", "staleness_mean", False),
             ("simulated s/step (from sync)", "predicted_step_s", False),
             ("sim. error (from sync)", "throughput_error", True),
+            ("sim. error (sync + probe)", "probe_throughput_error", True),
             ("sim. error (own phases)", "own_throughput_error", True),
             ("sim. staleness", "own_predicted_staleness_mean", False), ("reward", "reward_mean", False),
-            ("raw ACR", "acr_mean", False), ("effective ACR", "acr_effective_mean", False)]  # fmt: skip
+            ("raw ACR", "acr_mean", False), ("effective ACR", "acr_effective_mean", False),
+            ("start-up s", "startup_s", False), ("break-even steps (median)", "break_even_steps", False),
+            ("host busy before", "host_busy_before", "share")]  # fmt: skip
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + " --- |" * len(cols)]
     lines += ["| " + " | ".join(_f(r.get(k), pct) for _, k, pct in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -252,27 +362,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--out", default="runs/async_throughput", help="run folders (a finished run is not rerun)")
-    p.add_argument("--results", default=str(HERE), help="where results.md/json and the plots go")
+    p.add_argument("--workload", choices=list(WORKLOADS), default="documented",
+                   help="preset of the five workload flags below (each one given overrides it): "
+                   + "; ".join(f"{k}: {v['prompts_per_step']} prompts x G={v['group_size']}, {v['max_new_tokens']} "
+                               f"tokens, {v['ppo_epochs']} PPO epochs, {v['steps']} steps" for k, v in WORKLOADS.items()))  # fmt: skip
+    p.add_argument("--out", default=None, help="run folders (a finished run is not rerun; default: "
+                   "runs/async_throughput/<workload>-<precision>)")  # fmt: skip
+    p.add_argument("--results", default=None, help="where results.md/json and the plots go (default: "
+                   "<workload>-<precision>/ in this folder, and this folder's results.md is rebuilt)")  # fmt: skip
     p.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES),
                    help="sync-all: sync on all cores; sync: sync on the split (the baseline); async-qN: queue size N; "
                    "-stale1: --buffer.max_staleness 1; -iscorr: OpenRLHF's TIS off-policy correction; -partial: "
-                   "--train.partial_rollout_enable (GPU only)")  # fmt: skip
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds (each draws its own prompts)")
+                   "--train.partial_rollout_enable (GPU only). The probe calibration needs async-q1")  # fmt: skip
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (each draws its own prompts)")
     p.add_argument("--model", default="tiny", help="tiny (random 2-layer model: phases of comparable length), "
                    "smollm2, or a path / hub id")  # fmt: skip
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu", help="avspo-train --backend")
     p.add_argument("--split", default="1/1", help="engine/training cores (CPU backend), counts")
-    p.add_argument("--steps", type=int, default=14, help="training steps per run (the first is left out of rates)")
-    p.add_argument("--group-size", type=int, default=8, help="G: samples per prompt")
-    p.add_argument("--prompts-per-step", type=int, default=4, help="prompt groups per step")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="token budget per completion")
-    p.add_argument("--ppo-epochs", type=int, default=3, help="--train.max_epochs: passes over each batch; with the "
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (the first is left out of rates)")
+    p.add_argument("--group-size", type=int, default=None, help="G: samples per prompt")
+    p.add_argument("--prompts-per-step", type=int, default=None, help="prompt groups per step")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="token budget per completion")
+    p.add_argument("--ppo-epochs", type=int, default=None, help="--train.max_epochs: passes over each batch; with the "
                    "tiny model 3 make training take about as long as generation on a 1/1 core split")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-5, help="actor learning rate")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="--cpu.dtype of the throughput runs (auto: the machine's fast precision; throughput only). "
-                   "The --learning runs are quickstarts: fp32 in every stage")  # fmt: skip
+                   help="--cpu.dtype of the throughput runs (auto: fp32 for the tiny model, whose weights are stored "
+                   "in fp32; bf16 must be asked for). The --learning runs are quickstarts: fp32 in every stage")  # fmt: skip
     p.add_argument("--learning", action="store_true", help="also run held-out accuracy per mode (quickstart runs)")
     p.add_argument(
         "--learning-modes",
@@ -282,38 +398,91 @@ def build_parser() -> argparse.ArgumentParser:
         help="modes compared by held-out accuracy (--learning)",
     )
     p.add_argument("--learning-seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the --learning runs")
+    p.add_argument("--summary-only", action="store_true", help="only rebuild this folder's results.md from the "
+                   "results.json of every <workload>-<precision>/ folder")  # fmt: skip
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags for every run")
     return p
 
 
+SUMMARY_MODES = ("sync-all", "async-q1", "async-q2", "async-q4", "async-q4-stale1", "async-q2-iscorr")
+
+
+def summary(here: Path = HERE) -> str:
+    """One table over every ``<workload>-<precision>/results.json`` here: speedups with each seed,
+    both baselines, the simulator's three errors, start-up and break-even, the host's load."""
+    lines = ["Every workload and precision measured (per combination: `<workload>-<precision>/results.md`). "
+             "Speedup over sync on the same core split, mean (each seed); sim. errors: + means the simulator "
+             "predicted a higher throughput than measured; `from sync`: calibrated on the sync run alone; "
+             "`sync + probe`: plus the first 4 steps of the async-q1 run (the overlap terms); `own`: on the "
+             "mode's own phase times. Break-even: the median over seeds of the step count from which the "
+             "mode is faster than sync end to end.\n\n",
+             "| workload | precision | CPU | mode | sync s/step | speedup vs sync | vs sync-all | ideal (timer est.) | "
+             "sim. error from sync | sim. error sync + probe | sim. error own | extra start-up s | "
+             "break-even steps | host busy before (max) |\n", "|" + " --- |" * 14 + "\n"]  # fmt: skip
+    for f in sorted(here.glob("*/results.json")):
+        d = json.loads(f.read_text())
+        if "workload" not in d:
+            continue
+        modes = {m["mode"]: m for m in d["modes"]}
+        busy = max((r.get("host_busy_before", 0.0) for ms in d["runs"].values() for r in ms.values()), default=0.0)
+        sync = modes.get("sync", {})
+        for name in SUMMARY_MODES:
+            m = modes.get(name)
+            if m is None or "speedup" not in m:
+                continue
+            lines.append(f"| {d['workload']} | {d['precision']} | {d['cpu']} | {name} | {_f(sync.get('step_s'))} | "
+                         f"{_seeds(m, 'speedup')} | {_f(m.get('speedup_vs_all'))} | {_f(m.get('ideal'))} | "
+                         f"{_seeds(m, 'throughput_error', True)} | {_seeds(m, 'probe_throughput_error', True)} | "
+                         f"{_seeds(m, 'own_throughput_error', True)} | {_f(m.get('extra_startup_s'))} | "
+                         f"{_f(m.get('break_even_steps'))} | {100 * busy:.0f} % |\n")  # fmt: skip
+    return "".join(lines)
+
+
+def _fill_workload(a) -> str:
+    """The workload flags not given take the preset's values; returns the workload's name."""
+    custom = False
+    for k, v in WORKLOADS[a.workload].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+        custom |= getattr(a, k) != v
+    return f"{a.workload}-custom" if custom else a.workload
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    root, res_dir = Path(a.out).resolve(), Path(a.results)
+    if a.summary_only:
+        (HERE / "results.md").write_text(summary())
+        print((HERE / "results.md").read_text())
+        return 0
+    name = _fill_workload(a)
+    base = Path(a.out or "runs/async_throughput").resolve()
+    model = _model(a, base)
+    precision = resolve_cpu_dtype(a.dtype, model=model) if a.backend == "cpu" else "gpu"
+    combo = f"{name}-{precision}"
+    root = base if a.out else base / combo
+    res_dir = Path(a.results) if a.results else HERE / combo
     res_dir.mkdir(parents=True, exist_ok=True)
+    a.dtype = precision if a.backend == "cpu" else a.dtype  # every run of this folder in the same precision
     modes = [m for m in a.modes if a.backend == "gpu" or m not in GPU_ONLY]
     for m in set(a.modes) - set(modes):
         print(f"[async] {m}: skipped on the CPU backend ({GPU_ONLY[m]})")
-    model = _model(a, root)
     measured: dict[str, dict[int, dict]] = {}
     for seed in a.seeds:
         for mode in modes:
             run = run_mode(a, model, mode, seed, root)
             measured.setdefault(mode, {})[seed] = measure(run)
     rows = analyse(measured)
-    text = [f"workload: model {a.model}, {a.prompts_per_step} prompts x G={a.group_size}, {a.max_new_tokens} new tokens, "
-            f"{a.ppo_epochs} PPO epochs, {a.steps} steps, seeds {a.seeds}, split {a.split} (engine/training cores), backend {a.backend}\n",
-            results_table(rows), "\nmean phase times per step (s):\n", phases_table(rows)]  # fmt: skip
-    learn = learning(a, root) if a.learning else {}
-    if learn:
-        text += [
-            "\nheld-out accuracy after 8 steps (quickstart workload, SmolLM2-135M, all cores):\n",
-            learning_table(learn),
-        ]
+    cpu = cpu_kind() if a.backend == "cpu" else "GPU"
+    text = [f"workload {name}: model {a.model}, {a.prompts_per_step} prompts x G={a.group_size}, {a.max_new_tokens} new tokens, "
+            f"{a.ppo_epochs} PPO epochs, {a.steps} steps, seeds {a.seeds}, split {a.split} (engine/training cores), "
+            f"backend {a.backend}, precision {precision}, {cpu}\n", results_table(rows),
+            "\nmean phase times per step (s):\n", phases_table(rows)]  # fmt: skip
     (res_dir / "results.md").write_text("".join(text))
     keep = {mode: {s: {k: v for k, v in m.items() if not k.startswith("_") and k != "timeline"} for s, m in seeds.items()}
             for mode, seeds in measured.items()}  # fmt: skip
-    (res_dir / "results.json").write_text(json.dumps({"args": {k: v for k, v in vars(a).items()}, "modes": rows,
-                                                      "runs": keep, "learning": learn}, indent=1, default=str))  # fmt: skip
+    (res_dir / "results.json").write_text(json.dumps({"workload": name, "precision": precision, "cpu": cpu,
+                                                      "args": {k: v for k, v in vars(a).items()}, "modes": rows,
+                                                      "runs": keep}, indent=1, default=str))  # fmt: skip
     seed0 = a.seeds[0]
     gantt = {f"measured: {m}": (measured[m][seed0]["timeline"]["steps"], measured[m][seed0]["timeline"]["spans"])
              for m in ("sync", "async-q1", "async-q2") if m in measured}  # fmt: skip
@@ -329,6 +498,13 @@ def main(argv: list[str] | None = None) -> int:
     plot_curves(curves, "reward", str(res_dir / "reward_curves.png"), "mean reward",
                 f"throughput workload ({a.model}): the reward shows no learning, only that every mode ran")  # fmt: skip
     print("".join(text))
+    if res_dir.resolve().parent == HERE:
+        (HERE / "results.md").write_text(summary())
+    if a.learning:
+        learn = learning(a, base)
+        (HERE / "learning.md").write_text("held-out accuracy after 8 steps (quickstart workload, SmolLM2-135M, all "
+                                          "cores, fp32 in every stage; every run kept):\n" + learning_table(learn))  # fmt: skip
+        (HERE / "learning.json").write_text(json.dumps(learn, indent=1))
     return 0
 
 
