@@ -1,7 +1,7 @@
 """Async throughput: what asynchronous rollout buys on this machine, what staleness costs, and how
 well the pipeline simulator (``avspo-simulate``) predicts it.
 
-    python experiments/async_throughput/run.py --workload documented --dtype bf16   # CPU, ~25 min on 2 cores
+    python experiments/async_throughput/run.py --workload documented --dtype bf16   # CPU, ~17 min on 2 cores
     python experiments/async_throughput/run.py --workload untuned --dtype fp32
     python experiments/async_throughput/run.py --out runs/a --results /tmp/a --modes sync async-q1 --steps 2 --seeds 0  # smoke
 
@@ -82,8 +82,9 @@ MODES = {
 GPU_ONLY = {"async-q1-partial": "vLLM pause/resume for in-flight weight sync: GPU engines only"}
 DEFAULT_MODES = ["sync-all", "sync", "async-q1", "async-q2", "async-q4", "async-q4-stale1"]
 PROBE_STEPS = WARMUP_STEPS + 3  # the overlapped probe: warm-up + 3 overlapped steps of the async-q1 run
-# the step lengths measured: "documented" was tuned so that generation and training take about as long
-# on one core each; "untuned" is a workload nobody tuned (short steps); "long" has long steps
+# "documented" was tuned on a 2-core EPYC without native bf16 so that generation and training take
+# about as long on one core each (1.2-1.4 s); "untuned" is a workload nobody tuned, with short steps;
+# "long" has the longest steps (1.3 s a sync step on the 2-core EPYC with native bf16, 2.5x untuned)
 WORKLOADS = {
     "documented": dict(prompts_per_step=4, group_size=8, max_new_tokens=128, ppo_epochs=3, steps=14),
     "untuned": dict(prompts_per_step=8, group_size=8, max_new_tokens=96, ppo_epochs=1, steps=24),
