@@ -206,12 +206,15 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
     """Per mode, means over seeds: measured rates, speedup over the same seed's sync run, the ideal,
     and the simulator's prediction (calibrated on that sync run) with its error."""
     rows = []
+    # (c) the overlap terms from the sync run + the first PROBE_STEPS steps of async-q1, once per seed
+    probes = {seed: overlap_calibration(measured["sync"][seed]["_rows"], m["_rows"][:PROBE_STEPS])
+              for seed, m in measured.get("async-q1", {}).items() if seed in measured.get("sync", {})}  # fmt: skip
     for mode, seeds in measured.items():
         per = []
         for seed, m in seeds.items():
             base = measured.get("sync", {}).get(seed)
             everything = measured.get("sync-all", {}).get(seed)
-            probe = measured.get("async-q1", {}).get(seed)
+            o = probes.get(seed)
             r = {"step_s": m["step_s"], "samples_per_s": m["samples_per_s"], "tokens_per_s": m["tokens_per_s"],
                  "trainer/idle_ratio": m["trainer/idle_ratio"], "rollouter/idle_ratio": m["rollouter/idle_ratio"],
                  "staleness_mean": m["staleness_mean"], **{f"T_{k}": v for k, v in m["phases"].items()},
@@ -230,8 +233,7 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
                 n_steps = m["_n_steps"]  # same length as measured: the pipeline's fill-up counts alike
                 # sync-all runs on other cores than the sync run: only its own phases predict it
                 calib = [("own_", m["_workload"])] + ([("", base["_workload"])] if mode != "sync-all" else [])
-                if probe is not None and mode != "sync-all":  # (c) the sync run + the overlapped probe
-                    o = overlap_calibration(base["_rows"], probe["_rows"][:PROBE_STEPS])
+                if o is not None and mode != "sync-all":  # (c) the sync run + the overlapped probe
                     w = base["_workload"]
                     if MODES[mode][0] is not None:
                         w = replace(w, overlap_slowdown=o["overlap_slowdown"], train_slowdown=o["train_slowdown"],
@@ -376,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "-stale1: --buffer.max_staleness 1; -iscorr: OpenRLHF's TIS off-policy correction; -partial: "
                    "--train.partial_rollout_enable (GPU only). The probe calibration needs async-q1")  # fmt: skip
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (each draws its own prompts)")
-    p.add_argument("--model", default="tiny", help="tiny (random 2-layer model: phases of comparable length), "
+    p.add_argument("--model", default="tiny", help="tiny (random 2-layer model: short phases), "
                    "smollm2, or a path / hub id")  # fmt: skip
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu", help="avspo-train --backend")
     p.add_argument("--split", default="1/1", help="engine/training cores (CPU backend), counts")
@@ -384,12 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-size", type=int, default=None, help="G: samples per prompt")
     p.add_argument("--prompts-per-step", type=int, default=None, help="prompt groups per step")
     p.add_argument("--max-new-tokens", type=int, default=None, help="token budget per completion")
-    p.add_argument("--ppo-epochs", type=int, default=None, help="--train.max_epochs: passes over each batch; with the "
-                   "tiny model 3 make training take about as long as generation on a 1/1 core split")  # fmt: skip
+    p.add_argument("--ppo-epochs", type=int, default=None, help="--train.max_epochs: passes over each batch (with the "
+                   "tiny model, 3 made training take about as long as generation on a 1/1 split of a 2-core EPYC "
+                   "without native bf16; about twice as long on one with it)")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-5, help="actor learning rate")
     p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="--cpu.dtype of the throughput runs (auto: fp32 for the tiny model, whose weights are stored "
-                   "in fp32; bf16 must be asked for). The --learning runs are quickstarts: fp32 in every stage")  # fmt: skip
+                   help="--cpu.dtype of the throughput runs (auto: as avspo-train resolves it on this machine; the "
+                   "precision used names the results folder). The --learning runs are quickstarts: fp32 in every stage")  # fmt: skip
     p.add_argument("--learning", action="store_true", help="also run held-out accuracy per mode (quickstart runs)")
     p.add_argument(
         "--learning-modes",
