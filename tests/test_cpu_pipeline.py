@@ -265,15 +265,17 @@ def _stop_cluster(port: int) -> None:
 def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
     flags = _flags(assets, tmp_path, "--train.async_enable", "--ckpt.load_enable", "--ckpt.save_steps", "100")
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, start_new_session=True)
+    log_path = tmp_path / "first.log"
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
     metrics = tmp_path / "report" / "metrics.jsonl"
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
         rows, _ = read_metrics(str(metrics))
         if len(rows) >= 3:
             break
-        time.sleep(1)
-    assert proc.poll() is None, "the run ended before it could be interrupted"
+        time.sleep(0.2)  # a step takes 0.2-0.5 s: a slow poll would leave no steps to interrupt
+    assert proc.poll() is None, f"the run ended before it could be interrupted: {log_path.read_text()[-3000:]}"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole process group
     try:
         code = proc.wait(timeout=180)

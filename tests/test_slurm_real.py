@@ -161,10 +161,10 @@ def _clean_after(job: int, timeout: float = 30, temp_dir: bool = True) -> None:
         assert not Path(f"/tmp/ray_avspo_{job}").exists()  # Ray's temp dir removed with the job
 
 
-def _tiny(tmp: Path) -> tuple[str, ...]:
+def _tiny(tmp: Path, n_prompts: int = 32) -> tuple[str, ...]:
     from helpers import tiny_assets
 
-    a = tiny_assets(tmp / "assets")
+    a = tiny_assets(tmp / "assets", n_prompts)
     return ("--actor.model_name_or_path", a["model"], "--data.prompt_dataset", a["data"])
 
 
@@ -177,32 +177,49 @@ def test_smoke_config_trains_and_every_interruption_resumes_exactly(slurm, tmp_p
     from avspo_openrlhf.report import read_metrics
 
     env = _env(tmp_path)
-    job = _submit(tmp_path, env, "--time", "00:40:00", train_flags=(*_tiny(tmp_path), "--run.max_steps", "8"))
+    # A trained step takes 0.2-0.5 s here and an interruption reaches the trainer 1-2 s after the
+    # signal, so the run needs steps to spare after each one: 40 (4 prompts a step, one epoch).
+    n = 40
+    train_flags = (*_tiny(tmp_path, 4 * n), "--run.max_steps", str(n))
+    job = _submit(tmp_path, env, "--time", "00:40:00", train_flags=train_flags)
     metrics = tmp_path / "run" / "report" / "metrics.jsonl"
 
     def steps() -> list[int]:
         return [r["step"] for r in read_metrics(str(metrics))[0]] if metrics.exists() else []
 
     t0 = time.time()
+    timeline: list[str] = []  # in every failure message: when each interruption came, at which step
+
+    def mark(event: str) -> list[int]:
+        s = steps()
+        timeline.append(f"{time.time() - t0:6.1f}s {event}: steps {s[-1] if s else 0}")
+        return s
+
     _wait_for(lambda: len(steps()) >= 2, 600, "at step 2")
+    mark("USR1 sent")
     j = _job(job)
     assert j["TRES"].split("mem=")[1].split(",")[0] != "2000M"  # --exclusive --mem=0: the node's memory
     subprocess.run(["scancel", "--signal=USR1", "--batch", str(job)], check=True)
     _requeued(job, 1)
-    first = steps()
+    first = mark("requeued (1)")
     _running(job, 300)
+    mark("running again")
     _wait_for(lambda: len(steps()) >= len(first) + 2, 600, "two steps after the first resume")
+    mark("high job submitted")
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 2"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     _requeued(job, 2, timeout=300)
+    mark("requeued (2)")
     _ended(int(high), 120)
-    second = steps()
+    second = mark("high job ended")
     j = _ended(job, 900)
+    mark("ended")
     took = time.time() - t0
     log, train = _log(tmp_path, job), _log(tmp_path, job, which="train")
+    print("\n".join(timeline))  # shown with a failure
     assert j["JobState"] == "COMPLETED" and j["ExitCode"] == "0:0", (j, log[-3000:])
-    assert steps() == list(range(1, 9)), steps()  # every step once: no step lost or repeated
-    assert len(first) < len(second) < 8  # two real interruptions, each after progress
+    assert steps() == list(range(1, n + 1)), steps()  # every step once: no step lost or repeated
+    assert len(first) < len(second) < n  # two real interruptions, each after progress
     assert (tmp_path / "run" / "DONE").exists() and model_is_complete(str(tmp_path / "run" / "final"))
     assert f"head {NODE} (" in log and "node addresses:" in log  # Slurm name gpu01, Ray's host name
     head_ip = re.search(r"head \S+ \(([\d.]+)\)", log).group(1)
@@ -212,7 +229,7 @@ def test_smoke_config_trains_and_every_interruption_resumes_exactly(slurm, tmp_p
     assert log.count("the trainer checkpointed and stopped") == 2 and log.count("requeueing job") == 2
     assert train.count("stopped after a checkpoint") == 2
     _clean_after(job)
-    print(f"smoke job {job}: 8 steps, 2 interruptions, {took:.0f} s")
+    print(f"smoke job {job}: {n} steps, 2 interruptions, {took:.0f} s")
 
 
 def test_gpu_count_is_what_a_job_step_gets(slurm, tmp_path):
