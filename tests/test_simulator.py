@@ -300,6 +300,36 @@ def test_train_slowdown_and_async_overhead_closed_forms():
     )
 
 
+def test_train_warmup_gives_the_generator_the_head_start_that_fills_a_deep_queue():
+    # generation (0.9 s) barely faster than training (1 s): from an empty queue of 4 the generator runs
+    # back to back, so most syncs wait for the generation in progress; a long first train phase (the
+    # measured runs' DeepSpeed warm-up) lets it fill the queue first, and a full queue stays full:
+    # each generation starts when the trainer takes a batch and ends before its sync (T_train + T_sync)
+    n = 24  # the measured runs' length: the fill-up is most of it
+    cold = simulate(_w(0.9, 1.0, 0.1), PipelineConfig("async", 4), n)
+    warm = simulate(_w(0.9, 1.0, 0.1, train_warmup=5.0), PipelineConfig("async", 4), n)
+    assert _intervals(warm) == pytest.approx([1.1] * (n - 1))
+    assert warm.summary()["step_s"] == pytest.approx(1.1)
+    assert cold.summary()["step_s"] > 1.15  # syncs waiting for generations while the queue fills
+    assert warm.steps[0]["end"] == pytest.approx(0.9 + 1.0 + 5.0 + 0.1)
+    # queue 1 starts each generation at the trainer's get already: the warm-up changes nothing after step 1
+    q1 = [simulate(_w(0.9, 1.0, 0.1, train_warmup=x), PipelineConfig("async", 1), n) for x in (0.0, 5.0)]
+    assert _intervals(q1[0])[1:] == pytest.approx(_intervals(q1[1])[1:])
+    # sync: the first step alone is longer, and it is left out of the rate
+    sync = simulate(_w(0.9, 1.0, 0.1, train_warmup=5.0), PipelineConfig("sync"), n)
+    assert sync.steps[0]["end"] == pytest.approx(7.0) and sync.summary()["step_s"] == pytest.approx(2.0)
+
+
+def test_train_warmup_is_calibrated_from_the_first_step(tmp_path):
+    from avspo_openrlhf.sim.calibrate import train_warmup
+
+    rows = _synthetic_metrics(tmp_path / "m.jsonl", [2.0] * 6, [4.0, 1.0, 1.2, 0.8, 1.0, 1.0], [0.2] * 6)
+    assert train_warmup(rows) == pytest.approx(3.0) and calibrate(rows).train_warmup == pytest.approx(3.0)
+    assert train_warmup(rows, skip=0) == 0.0  # nothing left out: no warm-up step to compare
+    fast_first = _synthetic_metrics(tmp_path / "f.jsonl", [2.0] * 3, [0.5, 1.0, 1.0], [0.2] * 3)
+    assert train_warmup(fast_first) == 0.0
+
+
 def test_cli_sets_the_overlap_terms_by_hand(capsys):
     args = ["--phase-times", "0.5", "1", "0.1", "--queue-size", "1", "--steps", "100", "--seeds", "1"]
     assert simulate_main([*args, "--train-slowdown", "0.2", "--overhead", "0.05"]) == 0
@@ -307,6 +337,10 @@ def test_cli_sets_the_overlap_terms_by_hand(capsys):
     assert "training 20 % slower beside generation" in out and "overhead 0.050 s/step (async 0.050)" in out
     assert simulate_main([*args, "--train-slowdown", "-1"]) == 2
     assert "train_slowdown must be finite and >= 0" in capsys.readouterr().err
+    assert simulate_main([*args, "--train-warmup", "2"]) == 0
+    assert "first train phase +2.00 s" in capsys.readouterr().out
+    assert simulate_main([*args, "--train-warmup", "nan"]) == 2
+    assert "train_warmup must be finite and >= 0" in capsys.readouterr().err
 
 
 def test_overhead_and_slowdown_are_calibrated_from_a_sync_and_an_async_run(tmp_path):

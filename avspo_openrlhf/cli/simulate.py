@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generation slowdown while training overlaps it, e.g. 0.12 (default: calibrated, else 0)")  # fmt: skip
     p.add_argument("--train-slowdown", type=float, default=None,
                    help="training slowdown while a generation overlaps it, e.g. 0.04 (default: calibrated, else 0)")  # fmt: skip
+    p.add_argument("--train-warmup", type=float, default=None,
+                   help="seconds the first train phase takes beyond a steady one (DeepSpeed warm-up); the generator runs "
+                   "ahead meanwhile, which decides whether a deep queue fills (default: calibrated, else 0)")  # fmt: skip
     p.add_argument("--skip-steps", type=int, default=WARMUP_STEPS,
                    help="warm-up steps left out of the calibration and of every rate (one rule for both)")  # fmt: skip
     p.add_argument("--steps", type=int, default=200, help="simulated training steps per run")
@@ -203,12 +206,14 @@ def main(argv: list[str] | None = None) -> int:
                 g, t, s = args.phase_times
                 w = Workload(Dist((g,), args.tail_sigma), Dist.const(t), Dist.const(s))
             given = [("overhead", args.overhead), ("async_overhead", args.overhead),
-                     ("overlap_slowdown", args.overlap_slowdown), ("train_slowdown", args.train_slowdown)]  # fmt: skip
+                     ("overlap_slowdown", args.overlap_slowdown), ("train_slowdown", args.train_slowdown),
+                     ("train_warmup", args.train_warmup)]  # fmt: skip
             w = dataclasses.replace(w, **{k: v for k, v in given if v is not None})
             o_async = w.overhead if w.async_overhead is None else w.async_overhead
             print(f"phase means: gen {w.gen.mean:.2f} s, train {w.train.mean:.2f} s, sync {w.sync.mean:.2f} s; "
                   f"overhead {w.overhead:.3f} s/step (async {o_async:.3f}), generation {100 * w.overlap_slowdown:.0f} % "
-                  f"slower beside training, training {100 * w.train_slowdown:.0f} % slower beside generation")  # fmt: skip
+                  f"slower beside training, training {100 * w.train_slowdown:.0f} % slower beside generation; "
+                  f"first train phase +{w.train_warmup:.2f} s")  # fmt: skip
             cfgs = configs(args.queue_size, args.max_staleness or [None], args.partial_rollout, args.engines)
             rows = predict(w, cfgs, args.steps, args.seeds)
             print(table(rows))

@@ -54,15 +54,26 @@ def calibrate(rows: list[dict], skip: int | None = None, tail_sigma: float = 0.0
     overhead = step_overhead(rows, skip)
     n = statistics.fmean(r.get("rollout/num_samples", 1.0) for r in use)
     length = statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in use)
+    train = Dist(tuple(p["train"] for p in ph))
     return Workload(
         gen=Dist(tuple(p["gen"] for p in ph), tail_sigma),
-        train=Dist(tuple(p["train"] for p in ph)),
+        train=train,
         sync=Dist(tuple(p["sync"] for p in ph)),
         engines_ref=engines,
         samples_per_step=n,
         tokens_per_step=n * length,
         overhead=overhead,
+        train_warmup=train_warmup(rows, skip),
     )
+
+
+def train_warmup(rows: list[dict], skip: int | None = None) -> float:
+    """Seconds the first step's train phase took beyond a steady one (0 when the run is too short to
+    tell): the head start the generator gets in async mode, which decides whether a deep queue fills."""
+    use = steady(rows, skip)
+    if len(use) == len(rows):
+        return 0.0
+    return max(0.0, phase_times(rows[0])["train"] - statistics.fmean(phase_times(r)["train"] for r in use))
 
 
 def step_overhead(rows: list[dict], skip: int | None = None) -> float:

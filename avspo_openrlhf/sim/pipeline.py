@@ -18,7 +18,8 @@ each trained step costs beyond its phases (queue get, lock round trips, batch ha
 and how much slower each phase runs while the other runs beside it (shared cores, memory
 bandwidth): a generation progresses at rate 1 / (1 + overlap_slowdown) whenever the trainer is in
 its train phase, a train phase at rate 1 / (1 + train_slowdown) whenever a generation runs, each at
-rate 1 otherwise.
+rate 1 otherwise. A fourth, ``train_warmup``, lengthens the first train phase (DeepSpeed warm-up): the
+generator's head start then decides whether a queue deeper than 1 fills.
 
 Staleness is the project's ``async/staleness``: the trainer's step count minus the policy version the
 engine held when the batch's generation started.
@@ -88,9 +89,12 @@ class Workload:
     train_slowdown: float = 0.0  # training is this much slower while a generation runs beside it
     # async steps pay more than sync ones (queue, batch hand-over between actors); None: ``overhead``
     async_overhead: float | None = None
+    # the first train phase takes this much longer (DeepSpeed and allocator warm-up): in async mode
+    # the generator runs ahead meanwhile, and a queue that fills then can stay full
+    train_warmup: float = 0.0
 
     def __post_init__(self):
-        for name in ("overhead", "overlap_slowdown", "train_slowdown", "async_overhead"):
+        for name in ("overhead", "overlap_slowdown", "train_slowdown", "async_overhead", "train_warmup"):
             v = getattr(self, name)
             if v is not None and not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name} must be finite and >= 0, got {v}")
@@ -288,6 +292,7 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
         t = 0.0
         for i in range(steps):
             g, tr, sy = gen_time(), workload.train.sample(rng), workload.sync.sample(rng)
+            tr += workload.train_warmup if i == 0 else 0.0
             spans += [("generator", "generate", t, t + g), ("trainer", "train", t + g, t + g + tr),
                       ("trainer", "sync", t + g + tr, t + g + tr + sy)]  # fmt: skip
             t += g + tr + sy + workload.overhead
@@ -369,7 +374,7 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
                 res.rejected += 1
                 continue
             start = sim.now
-            yield from run_job("train", workload.train.sample(rng))
+            yield from run_job("train", workload.train.sample(rng) + (workload.train_warmup if step == 0 else 0.0))
             spans.append(("trainer", "train", start, sim.now))
             t_wait = sim.now
             yield lock.get()
