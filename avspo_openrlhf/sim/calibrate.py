@@ -54,10 +54,9 @@ def calibrate(rows: list[dict], skip: int | None = None, tail_sigma: float = 0.0
     overhead = step_overhead(rows, skip)
     n = statistics.fmean(r.get("rollout/num_samples", 1.0) for r in use)
     length = statistics.fmean(r.get("rollout/response_length_mean", 0.0) for r in use)
-    train = Dist(tuple(p["train"] for p in ph))
     return Workload(
         gen=Dist(tuple(p["gen"] for p in ph), tail_sigma),
-        train=train,
+        train=Dist(tuple(p["train"] for p in ph)),
         sync=Dist(tuple(p["sync"] for p in ph)),
         engines_ref=engines,
         samples_per_step=n,
