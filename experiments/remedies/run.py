@@ -3,12 +3,15 @@ GRESO+AVSPO and RL-ZVP on SmolLM2-135M arithmetic (CPU), at equal generated toke
 
 Every run is ``avspo-train --backend cpu`` with the same model, data, decoding, optimizer and seed
 list, stopped by ``--run.max_generated_tokens`` (dynamic sampling spends extra generation per step,
-GRESO saves some: equal steps would be unfair both ways), then one held-out evaluation of its final
-model. Resumable per (method, seed): a finished run leaves ``<method>_seed<k>/result.json``; a run
-killed midway resumes from its checkpoint when the command is repeated. ``--report-only`` rebuilds
-the table, the p-values and the plots from what is there, saying how many seeds each cell holds.
+GRESO saves some: equal steps would be unfair both ways), then a held-out evaluation of its final
+model on 1,200 problems (the first 300 right after training, the other 900 by ``--extend-eval`` for
+runs that finished before the set grew). Resumable per (method, seed): a finished run leaves
+``<method>_seed<k>/result.json``; a run killed midway resumes from its checkpoint when the command is
+repeated. ``--report-only`` rebuilds the table, the p-values and the plots from what is there,
+saying how many seeds and held-out problems each cell holds.
 
     python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies
+    python experiments/remedies/run.py --out runs/remedies --extend-eval
     python experiments/remedies/run.py --out runs/remedies --report-only --publish experiments/remedies/results
 """
 
@@ -32,7 +35,11 @@ from avspo_openrlhf.report import read_metrics
 # groups appear as the model learns the answer format (add1, mul1).
 LEVELS = ["add1", "mul1", "add2", "multi"]
 TRAIN_PROMPTS = 32  # 8 per level: a pool revisited every 8 GRPO steps, so GRESO has history to use
-HELDOUT = 300  # x n=4 samples: a 95 % interval of about +-3 points on one run's accuracy
+# Held-out, x n=4 samples. The first 300 alone gave one run's accuracy a 95 % interval of +-4.2 to
+# +-5.4 points (measured on 18 runs: 1.96 sd over problems / sqrt(300)); 1,200 bring it to about +-2.6.
+# The extra 900 continue the same seeded stream, so the first 300 are the original set unchanged.
+HELDOUT = 300
+HELDOUT_EXTRA = 900
 STUDY = dict(group_size=8, prompts_per_step=4, max_new_tokens=32, temperature=0.7, lr=1e-5, dtype="fp32",
              eval_n=4, mid_eval_problems=60, eval_steps=6, tau_init=0.5)  # fmt: skip
 TOKEN_BUDGET = 16_000  # about 20 GRPO steps (2.5 passes over the pool) at the start's response length
@@ -53,20 +60,71 @@ MIN_SEEDS = {"GRPO": 5, "AVSPO": 5, "DAPO-DS": 5, "NGRPO": 5, "GRESO": 3, "GRESO
 BASELINES = ("GRPO", "DAPO-DS")
 
 
-def make_data(out: Path) -> tuple[str, str]:
-    """The training pool and the held-out set, the same for every method and seed."""
+def make_data(out: Path) -> tuple[str, str, str]:
+    """The training pool, the held-out set and its extension, the same for every method and seed
+    (written atomically: a study running beside a ``--report-only`` reads them)."""
     from avspo_openrlhf.data.io import write_jsonl
     from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
 
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, n, seed in [("train", TRAIN_PROMPTS, 0), ("heldout", HELDOUT, 1000)]:
-        rows = synthetic_arithmetic(n, LEVELS, seed=seed)
+    heldout = synthetic_arithmetic(HELDOUT + HELDOUT_EXTRA, LEVELS, seed=1000)
+    sets = {"train": synthetic_arithmetic(TRAIN_PROMPTS, LEVELS, seed=0), "heldout": heldout[:HELDOUT],
+            "heldout_extra": heldout[HELDOUT:]}  # fmt: skip
+    for name, rows in sets.items():
         for r in rows:
             r["prompt"] = make_prompt(r["problem"], "user")
         write_jsonl(rows, str(out / f"{name}.jsonl"))
-        paths.append(str(out / f"{name}.jsonl"))
-    return paths[0], paths[1]
+    return tuple(str(out / f"{name}.jsonl") for name in sets)
+
+
+def _level(unique_id: str) -> str:
+    return LEVELS[int(unique_id.rsplit("/", 1)[1]) % len(LEVELS)]  # synthetic_arithmetic cycles the levels
+
+
+def merge_extra(res: dict, records: list[dict], precision: str | None = None) -> dict:
+    """``res`` (a run's result) with the extra held-out problems' records added: pass@1 over all the
+    problems it now holds, per level too; the first set's pass@1 kept as ``heldout_pass1_first``."""
+    per = dict(res["per_problem"])
+    per.update({r["unique_id"]: sum(r["correct"]) / len(r["correct"]) for r in records})
+    by_level = {lv: [v for k, v in per.items() if _level(k) == lv] for lv in LEVELS}
+    out = {**res, "per_problem": per, "heldout_problems": len(per),
+           "heldout_pass1_first": res.get("heldout_pass1_first", res["heldout_pass1"]),
+           "heldout_pass1": statistics.mean(per.values()),
+           "heldout_by_level": {lv: statistics.mean(v) for lv, v in by_level.items() if v}}  # fmt: skip
+    if precision is not None:
+        out["precision"] = {**res.get("precision", {}), "evaluation after (extra problems)": precision}
+    return out
+
+
+def eval_halfwidth(per_problem: dict[str, float]) -> float:
+    """Half-width of one run's 95 % interval on its held-out pass@1: 1.96 sd over problems / sqrt(P)."""
+    return 1.96 * statistics.stdev(per_problem.values()) / math.sqrt(len(per_problem))
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+def extend_eval(run_dir: Path, extra: str) -> dict:
+    """Evaluate a finished run's final model on the extra held-out problems and merge them into its
+    result (once: a run that holds them is returned as it is)."""
+    res = json.loads((run_dir / "result.json").read_text())
+    if res.get("heldout_problems", HELDOUT) >= HELDOUT + HELDOUT_EXTRA:
+        return res
+    args = study_args(res["method"], res["seed"], TOKEN_BUDGET)
+    qs._eval(str(run_dir / "final"), extra, run_dir / "eval_after_extra", args, run_dir / "log.txt")
+    records = qs._records(run_dir / "eval_after_extra")
+    if len(records) != HELDOUT_EXTRA:
+        raise RuntimeError(f"{run_dir / 'eval_after_extra'}: {len(records)} records, expected {HELDOUT_EXTRA}")
+    res = merge_extra(res, records, _summary_precision(run_dir / "eval_after_extra"))
+    _write_json(run_dir / "result.json", res)
+    return res
+
+
+def _summary_precision(eval_dir: Path) -> str:
+    return json.loads((eval_dir / "summary.json").read_text()).get("precision") or "not recorded"
 
 
 def study_args(method: str, seed: int, budget: int) -> argparse.Namespace:
@@ -85,11 +143,12 @@ def study_args(method: str, seed: int, budget: int) -> argparse.Namespace:
     )
 
 
-def run_one(method: str, seed: int, out: Path, model: str, train: str, heldout: str, budget: int) -> dict:
+def run_one(method: str, seed: int, out: Path, model: str, data: tuple[str, str, str], budget: int) -> dict:
     run_dir = out / f"{method}_seed{seed}"
     result_file = run_dir / "result.json"
+    train, heldout, extra = data
     if result_file.exists():
-        return json.loads(result_file.read_text())
+        return extend_eval(run_dir, extra)
     run_dir.mkdir(parents=True, exist_ok=True)
     args = study_args(method, seed, budget)
     resumed = (run_dir / "ckpt").exists()
@@ -107,6 +166,7 @@ def run_one(method: str, seed: int, out: Path, model: str, train: str, heldout: 
         "seed": seed,
         "steps": len(rows),
         "heldout_pass1": after["pass@1"],
+        "heldout_problems": HELDOUT,
         "heldout_by_level": after.get("pass@1_by_level", {}),
         "per_problem": {
             r["unique_id"]: sum(r["correct"]) / len(r["correct"]) for r in qs._records(run_dir / "eval_after")
@@ -137,9 +197,9 @@ def run_one(method: str, seed: int, out: Path, model: str, train: str, heldout: 
         "precision": qs.stage_precisions(run_dir),
         "load_avg": os.getloadavg(),
     }
-    result_file.write_text(json.dumps(res, indent=1))
+    _write_json(result_file, res)
     shutil.rmtree(run_dir / "ckpt", ignore_errors=True)  # 1.6 GB per run; the final model stays
-    return res
+    return extend_eval(run_dir, extra)
 
 
 def _mid_pass1(e: dict) -> float | None:
@@ -164,18 +224,28 @@ def sign_flip_p(diffs: list[float]) -> float:
     return count / 2**n
 
 
+def _paired_diffs(a: list[dict], b: list[dict]):
+    """Per-problem differences a - b, one row per seed both hold, over the held-out problems every
+    one of those runs holds (runs evaluated on the first 300 only pair with the rest on those)."""
+    import numpy as np
+
+    by_seed_b = {r["seed"]: r for r in b}
+    pairs = [(r, by_seed_b[r["seed"]]) for r in a if r["seed"] in by_seed_b]
+    if not pairs:
+        return np.zeros((0, 0))
+    ids = sorted(set.intersection(*(set(ra["per_problem"]) & set(rb["per_problem"]) for ra, rb in pairs)))
+    return np.array([[ra["per_problem"][i] - rb["per_problem"][i] for i in ids] for ra, rb in pairs])
+
+
 def paired_bootstrap(a: list[dict], b: list[dict], n_boot: int = 10_000, seed: int = 0) -> tuple[float, ...]:
     """Mean accuracy difference a - b over the seeds both hold, with a 95 % interval and a two-sided
     p-value from a bootstrap that resamples seeds and, within each, held-out problems (paired: the same
     problems and seed for both methods)."""
     import numpy as np
 
-    by_seed_b = {r["seed"]: r for r in b}
-    pairs = [(r, by_seed_b[r["seed"]]) for r in a if r["seed"] in by_seed_b]
-    if not pairs:
+    d = _paired_diffs(a, b)  # [S, P]
+    if d.size == 0:
         return float("nan"), float("nan"), float("nan"), float("nan")
-    ids = sorted(set(pairs[0][0]["per_problem"]) & set(pairs[0][1]["per_problem"]))
-    d = np.array([[ra["per_problem"][i] - rb["per_problem"][i] for i in ids] for ra, rb in pairs])  # [S, P]
     rng = np.random.default_rng(seed)
     s_idx = rng.integers(0, d.shape[0], size=(n_boot, d.shape[0]))
     p_idx = rng.integers(0, d.shape[1], size=(n_boot, d.shape[1]))
@@ -187,11 +257,11 @@ def paired_bootstrap(a: list[dict], b: list[dict], n_boot: int = 10_000, seed: i
 
 def compare(results: list[dict], method: str, base: str) -> dict | None:
     a = [r for r in results if r["method"] == method]
-    b = {r["seed"]: r for r in results if r["method"] == base}
-    diffs = [r["heldout_pass1"] - b[r["seed"]]["heldout_pass1"] for r in a if r["seed"] in b]
+    b = [r for r in results if r["method"] == base]
+    diffs = [float(x) for x in _paired_diffs(a, b).mean(axis=1)] if a and b else []
     if method == base or not diffs:
         return None
-    mean, lo, hi, p_boot = paired_bootstrap(a, list(b.values()))
+    mean, lo, hi, p_boot = paired_bootstrap(a, b)
     return {
         "seeds": len(diffs),
         "diff": mean,
@@ -215,12 +285,27 @@ def _ms(xs, scale=1.0, fmt="{:.1f}") -> str:
     return f"{fmt.format(statistics.mean(xs) * scale)} ± {fmt.format(sd)}"
 
 
+def heldout_line(results: list[dict], before: float) -> str:
+    """What the held-out numbers stand on: problems per run, one run's evaluation interval."""
+    n_full = sum(r.get("heldout_problems", HELDOUT) >= HELDOUT + HELDOUT_EXTRA for r in results)
+    if n_full == len(results):
+        held = f"{HELDOUT + HELDOUT_EXTRA:,} problems x n=4 (T=0.7)"
+    elif n_full == 0:
+        held = f"{HELDOUT} problems x n=4 (T=0.7; the {HELDOUT_EXTRA} more of --extend-eval not yet evaluated)"
+    else:
+        held = (f"{HELDOUT + HELDOUT_EXTRA:,} problems x n=4 (T=0.7) for {n_full} of {len(results)} runs, the first "
+                f"{HELDOUT} for the others (a difference is over the problems both runs hold)")  # fmt: skip
+    hw = [100 * eval_halfwidth(r["per_problem"]) for r in results if len(r.get("per_problem", {})) > 1]
+    interval = f"; one run's 95 % evaluation interval ±{min(hw):.1f} to ±{max(hw):.1f} points" if hw else ""
+    return f"Held-out: {held}; before training {100 * before:.1f} %{interval}."
+
+
 def report(results: list[dict], before: float, out: Path, budget: int) -> str:
     methods = [m for m in METHODS if any(r["method"] == m for r in results)]
     lines = [
         f"SmolLM2-135M-Instruct, synthetic arithmetic ({'/'.join(LEVELS)}), {TRAIN_PROMPTS} training prompts, G=8, "
         f"4 prompts/step, T=0.7, 32 new tokens, lr 1e-5, async, fp32; every run stops at the step where its generated "
-        f"tokens reach {budget:,}. Held-out: {HELDOUT} problems x n=4 (T=0.7); before training {100 * before:.1f} %. "
+        f"tokens reach {budget:,}. {heldout_line(results, before)} "
         "± is the standard deviation over seeds. Differences are paired (same seeds, same problems): mean "
         "[95 % bootstrap interval over seeds and problems], p = bootstrap / exact sign-flip over seeds (seeds).",
         "",
@@ -233,6 +318,7 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
         rs = [r for r in results if r["method"] == m]
         cmp = {base: compare(results, m, base) for base in BASELINES}
         summary[m] = {"seeds": sorted(r["seed"] for r in rs), "heldout_pass1": [r["heldout_pass1"] for r in rs],
+                      "heldout_problems": [r.get("heldout_problems", HELDOUT) for r in rs],
                       **{f"vs_{b}": c for b, c in cmp.items()}}  # fmt: skip
         lines.append(
             f"| {m} | {len(rs)} ({MIN_SEEDS[m]}) | {_ms([r['heldout_pass1'] for r in rs], 100)} | {_fmt_cmp(cmp['GRPO'])} | "
@@ -308,6 +394,17 @@ def plot(results: list[dict], before: float, path: Path) -> None:
     plt.close(fig)
 
 
+def before_pass1(out: Path, extended: bool) -> float:
+    """Held-out pass@1 of the model before training, on the set the runs hold (``extended``: all
+    1,200 problems)."""
+    sets = [("eval_before", HELDOUT)] + ([("eval_before_extra", HELDOUT_EXTRA)] if extended else [])
+    parts = [(json.loads((out / d / "summary.json").read_text())["benchmarks"]["arith"], n)
+             for d, n in sets if (out / d / "summary.json").exists()]  # fmt: skip
+    if not parts:
+        return math.nan
+    return sum(s["pass@1"] * n for s, n in parts) / sum(n for _, n in parts)
+
+
 def order(methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
     """Seed-major, so partial results hold complete seeds of every method; the methods that need
     only 3 seeds stop after seed 2."""
@@ -322,26 +419,35 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=TOKEN_BUDGET, help="generated tokens per run")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--report-only", action="store_true", help="tables and plots from the finished runs only")
+    p.add_argument("--extend-eval", action="store_true",
+                   help=f"evaluate finished runs (and the model before training) on the {HELDOUT_EXTRA} extra held-out "
+                        "problems they lack, then report; trains nothing")  # fmt: skip
     p.add_argument("--publish", help="copy results.md/json and the plot to this folder (the repository's)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train, heldout = make_data(out / "data")
+    if args.report_only and args.extend_eval:
+        p.error("--report-only and --extend-eval exclude each other")
+    data = make_data(out / "data")
     if not args.report_only:
         from avspo_openrlhf.cpu.models import prepare
 
         model = prepare(args.model) if args.model in ("smollm2", "tiny") else args.model
         base = study_args("GRPO", 0, args.budget)
-        qs._eval(model, heldout, out / "eval_before", base, out / "log.txt")
-        todo = order(args.methods, args.seeds)
-        for i, (m, s) in enumerate(todo):
-            print(f"[remedies] {i + 1}/{len(todo)}: {m} seed {s}", flush=True)
-            run_one(m, s, out, model, train, heldout, args.budget)
+        qs._eval(model, data[1], out / "eval_before", base, out / "log.txt")
+        qs._eval(model, data[2], out / "eval_before_extra", base, out / "log.txt")
+        if args.extend_eval:
+            done = sorted(f.parent for f in out.glob("*_seed*/result.json"))
+            for i, run_dir in enumerate(done):
+                print(f"[remedies] extra held-out {i + 1}/{len(done)}: {run_dir.name}", flush=True)
+                extend_eval(run_dir, data[2])
+        else:
+            todo = order(args.methods, args.seeds)
+            for i, (m, s) in enumerate(todo):
+                print(f"[remedies] {i + 1}/{len(todo)}: {m} seed {s}", flush=True)
+                run_one(m, s, out, model, data, args.budget)
     results = [json.loads(f.read_text()) for f in sorted(out.glob("*_seed*/result.json"))]
-    before_summary = out / "eval_before" / "summary.json"
-    before = (
-        json.loads(before_summary.read_text())["benchmarks"]["arith"]["pass@1"] if before_summary.exists() else math.nan
-    )
+    before = before_pass1(out, all(r.get("heldout_problems", HELDOUT) >= HELDOUT + HELDOUT_EXTRA for r in results))
     print(report(results, before, out, args.budget))
     if args.publish:
         dest = Path(args.publish)

@@ -1,0 +1,129 @@
+"""experiments/remedies/run.py: the held-out set and its extension, merging the extra evaluation
+into a finished run, and the paired statistics over runs that hold different problem sets."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from avspo_openrlhf.data.io import read_jsonl
+from avspo_openrlhf.data.tasks import synthetic_arithmetic
+
+RUN = Path(__file__).resolve().parents[1] / "experiments" / "remedies" / "run.py"
+
+
+@pytest.fixture(scope="module")
+def study():
+    spec = importlib.util.spec_from_file_location("remedies_run", RUN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _ids(lo: int, hi: int) -> list[str]:
+    return [f"arith/1000/{i}" for i in range(lo, hi)]
+
+
+def _run(method: str, seed: int, values: list[float]) -> dict:
+    per = dict(zip(_ids(0, len(values)), values))
+    return {"method": method, "seed": seed, "per_problem": per, "heldout_pass1": sum(values) / len(values)}
+
+
+def test_the_extension_keeps_the_original_held_out_set_and_adds_new_problems(study, tmp_path):
+    train, heldout, extra = (read_jsonl(p) for p in study.make_data(tmp_path))
+    original = synthetic_arithmetic(study.HELDOUT, study.LEVELS, seed=1000)
+    assert [(r["unique_id"], r["problem"], r["answer"]) for r in heldout] == [
+        (r["unique_id"], r["problem"], r["answer"]) for r in original
+    ]
+    assert len(extra) == study.HELDOUT_EXTRA and len(train) == study.TRAIN_PROMPTS
+    assert not {r["unique_id"] for r in extra} & {r["unique_id"] for r in heldout}
+    assert all(study._level(r["unique_id"]) == r["level"] for r in heldout + extra)
+    assert extra[0]["prompt"] == [
+        {"role": "user", "content": f"{extra[0]['problem']} Put the final answer in \\boxed{{}}."}
+    ]
+
+
+def test_merge_extra_closed_form_and_keeps_the_first_sets_number(study):
+    res = {**_run("GRPO", 0, [1.0, 0.0, 0.5, 0.25]), "precision": {"policy": "float32"}}
+    records = [{"unique_id": i, "correct": c} for i, c in zip(_ids(4, 8), [[1, 1], [0, 0], [1, 0], [0, 0]])]
+    merged = study.merge_extra(res, records, precision="fp32, vllm-cpu")
+    assert merged["heldout_problems"] == 8
+    assert merged["heldout_pass1"] == pytest.approx((1 + 0 + 0.5 + 0.25 + 1 + 0 + 0.5 + 0) / 8)
+    assert merged["heldout_pass1_first"] == pytest.approx(0.4375)
+    # levels cycle add1, mul1, add2, multi: ids 0 and 4 are add1, 3 and 7 multi
+    assert merged["heldout_by_level"] == pytest.approx({"add1": 1.0, "mul1": 0.0, "add2": 0.5, "multi": 0.125})
+    assert merged["precision"] == {"policy": "float32", "evaluation after (extra problems)": "fp32, vllm-cpu"}
+    again = study.merge_extra(merged, records)
+    assert again["heldout_pass1_first"] == pytest.approx(0.4375) and again["heldout_problems"] == 8
+
+
+def test_one_runs_evaluation_interval_closed_form(study):
+    per = dict(zip(_ids(0, 4), [1.0, 0.0, 1.0, 0.0]))  # sd (n-1) = sqrt(1/3)
+    assert study.eval_halfwidth(per) == pytest.approx(1.96 * math.sqrt(1 / 3) / 2)
+
+
+def test_differences_use_the_problems_every_paired_run_holds(study):
+    # seed 0: both runs evaluated on 8 problems; seed 1: GRPO on the first 4 only
+    grpo = [_run("GRPO", 0, [0, 0, 0, 0, 1, 1, 1, 1]), _run("GRPO", 1, [0, 0, 1, 1])]
+    avspo = [_run("AVSPO", 0, [1, 1, 0, 0, 0, 0, 0, 0]), _run("AVSPO", 1, [1, 1, 1, 1, 0, 0, 0, 0])]
+    c = study.compare(grpo + avspo, "AVSPO", "GRPO")
+    # over problems 0-3: seed 0 +0.5, seed 1 +0.5 (not -0.5 and 0.0 from the runs' own means)
+    assert c["seeds"] == 2 and c["diff"] == pytest.approx(0.5)
+    assert c["p_sign_flip"] == pytest.approx(0.5)  # 2 of the 4 sign flips reach |sum| = 1
+    assert c["ci95"][0] <= 0.5 <= c["ci95"][1]
+    assert study.compare(grpo + avspo, "GRPO", "GRPO") is None
+    assert study.sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(0.25)
+    assert study.sign_flip_p([0.1, -0.1]) == pytest.approx(1.0)
+
+
+def test_extend_eval_evaluates_once_and_rejects_a_short_evaluation(study, tmp_path, monkeypatch):
+    run_dir = tmp_path / "GRPO_seed0"
+    run_dir.mkdir()
+    base = _run("GRPO", 0, [1.0] * study.HELDOUT)
+    (run_dir / "result.json").write_text(json.dumps({**base, "heldout_problems": study.HELDOUT}))
+    calls = []
+    n_records = [study.HELDOUT_EXTRA - 1]
+
+    def fake_eval(model, heldout, out, args, log):
+        calls.append((model, heldout, out.name, args.seed))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps({"precision": "fp32, vllm-cpu", "benchmarks": {}}))
+        ids = _ids(study.HELDOUT, study.HELDOUT + n_records[0])
+        (out / "arith").mkdir(exist_ok=True)
+        (out / "arith" / "records.jsonl").write_text(
+            "".join(json.dumps({"unique_id": i, "correct": [0, 0]}) + "\n" for i in ids)
+        )
+        return {}
+
+    monkeypatch.setattr(study.qs, "_eval", fake_eval)
+    with pytest.raises(RuntimeError, match=r"eval_after_extra: 899 records, expected 900"):
+        study.extend_eval(run_dir, "extra.jsonl")
+    assert json.loads((run_dir / "result.json").read_text())["heldout_problems"] == study.HELDOUT  # untouched
+
+    n_records[0] = study.HELDOUT_EXTRA
+    res = study.extend_eval(run_dir, "extra.jsonl")
+    assert res["heldout_problems"] == 1200 and res["heldout_pass1"] == pytest.approx(0.25)
+    assert res["heldout_pass1_first"] == 1.0
+    assert json.loads((run_dir / "result.json").read_text()) == res
+    assert calls[-1] == (str(run_dir / "final"), "extra.jsonl", "eval_after_extra", 0)
+    study.extend_eval(run_dir, "extra.jsonl")
+    assert len(calls) == 2  # a run that holds the extra problems is not evaluated again
+
+
+def test_before_training_and_the_header_follow_the_set_the_runs_hold(study, tmp_path):
+    for d, p in [("eval_before", 0.2), ("eval_before_extra", 0.4)]:
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "summary.json").write_text(json.dumps({"benchmarks": {"arith": {"pass@1": p}}}))
+    assert study.before_pass1(tmp_path, extended=False) == pytest.approx(0.2)
+    assert study.before_pass1(tmp_path, extended=True) == pytest.approx((300 * 0.2 + 900 * 0.4) / 1200)
+    first = {**_run("GRPO", 0, [1.0, 0.0] * 150), "heldout_problems": 300}
+    full = {**_run("GRPO", 1, [1.0, 0.0] * 600), "heldout_problems": 1200}
+    assert "300 problems x n=4 (T=0.7; the 900 more" in study.heldout_line([first], 0.2)
+    assert "1,200 problems x n=4 (T=0.7) for 1 of 2 runs" in study.heldout_line([first, full], 0.2)
+    line = study.heldout_line([full], 0.3)
+    assert line.startswith("Held-out: 1,200 problems x n=4 (T=0.7); before training 30.0 %")
+    assert f"±{100 * 1.96 * math.sqrt(0.25 * 1200 / 1199) / math.sqrt(1200):.1f}" in line
