@@ -85,6 +85,10 @@ def test_extend_eval_evaluates_once_and_rejects_a_short_evaluation(study, tmp_pa
     run_dir.mkdir()
     base = _run("GRPO", 0, [1.0] * study.HELDOUT)
     (run_dir / "result.json").write_text(json.dumps({**base, "heldout_problems": study.HELDOUT}))
+    with pytest.raises(RuntimeError, match="holds 300 held-out problems and no final model"):
+        study.extend_eval(run_dir, "extra.jsonl")
+    (run_dir / "final").mkdir()
+    (run_dir / "final" / "config.json").write_text("{}")
     calls = []
     n_records = [study.HELDOUT_EXTRA - 1]
 
@@ -122,8 +126,66 @@ def test_before_training_and_the_header_follow_the_set_the_runs_hold(study, tmp_
     assert study.before_pass1(tmp_path, extended=True) == pytest.approx((300 * 0.2 + 900 * 0.4) / 1200)
     first = {**_run("GRPO", 0, [1.0, 0.0] * 150), "heldout_problems": 300}
     full = {**_run("GRPO", 1, [1.0, 0.0] * 600), "heldout_problems": 1200}
-    assert "300 problems x n=4 (T=0.7; the 900 more" in study.heldout_line([first], 0.2)
+    assert "300 problems x n=4 (T=0.7; the first pass's set, without the 900" in study.heldout_line([first], 0.2)
     assert "1,200 problems x n=4 (T=0.7) for 1 of 2 runs" in study.heldout_line([first, full], 0.2)
     line = study.heldout_line([full], 0.3)
     assert line.startswith("Held-out: 1,200 problems x n=4 (T=0.7); before training 30.0 %")
     assert f"±{100 * 1.96 * math.sqrt(0.25 * 1200 / 1199) / math.sqrt(1200):.1f}" in line
+
+
+def test_per_problem_records_pack_losslessly_and_odd_ones_stay_a_dict(study):
+    per = dict(zip(_ids(0, 6), [1.0, 0.0, 0.25, 0.5, 0.75, 1.0]))
+    packed = study.pack_per_problem(per, n=4)
+    assert packed == {"n": 4, "prefix": "arith/1000/", "correct": "401234"}
+    assert study.unpack_per_problem(packed) == per
+    odd = {"arith/1000/0": 1 / 3, "arith/1000/1": 0.0}  # not k/4
+    assert study.pack_per_problem(odd, n=4) == odd and study.unpack_per_problem(odd) == odd
+    gap = {"arith/1000/0": 1.0, "arith/1000/2": 0.0}  # ids not 0..P-1
+    assert study.pack_per_problem(gap, n=4) == gap
+
+
+def test_a_study_resumes_from_the_published_results_alone(study, tmp_path, monkeypatch):
+    """The run folder is gone (a new machine): the published results.json puts back every run that
+    carries its per-problem records and the evaluation before training, so nothing is run again and
+    the statistics come out the same; runs published without records (the first pass) stay out."""
+    first, again = tmp_path / "runs", tmp_path / "runs_new"
+    before = {"benchmarks": {"arith": {"pass@1": 0.25}}, "precision": "fp32, vllm-cpu"}
+    for d in ("eval_before", "eval_before_extra"):
+        (first / d).mkdir(parents=True)
+        (first / d / "summary.json").write_text(json.dumps(before))
+    runs = [_run("GRPO", 0, [1.0, 0.0, 0.5, 0.25]), _run("AVSPO", 0, [0.0, 0.0, 0.5, 1.0])]
+    for r in runs:
+        (first / f"{r['method']}_seed0").mkdir()
+        (first / f"{r['method']}_seed0" / "result.json").write_text(json.dumps({**r, **_metrics()}))
+    results = [json.loads(f.read_text()) for f in sorted(first.glob("*_seed*/result.json"))]
+    monkeypatch.setattr(study, "plot", lambda *a: None)
+    table = study.report(results, 0.25, first, 16_000)
+    pub = json.loads((first / "results.json").read_text())
+    assert pub["runs"][0]["per_problem"] == {"n": 4, "prefix": "arith/1000/", "correct": "0024"}
+    pub["runs"].append({**_metrics(), "method": "NGRPO", "seed": 0, "heldout_pass1": 0.5})  # no records
+    (first / "results.json").write_text(json.dumps(pub))
+
+    assert study.restore_published(again, first) == ["AVSPO_seed0", "GRPO_seed0"]
+    assert not (again / "NGRPO_seed0").exists()
+    assert json.loads((again / "eval_before_extra" / "summary.json").read_text()) == before
+    restored = [json.loads(f.read_text()) for f in sorted(again.glob("*_seed*/result.json"))]
+    assert [r["per_problem"] for r in restored] == [r["per_problem"] for r in results]
+    assert study.report(restored, 0.25, again, 16_000) == table
+    (again / "GRPO_seed0" / "result.json").write_text(json.dumps({**runs[0], "seed": 0, "mine": 1}))
+    study.restore_published(again, first)  # a run the folder holds is never overwritten
+    assert json.loads((again / "GRPO_seed0" / "result.json").read_text())["mine"] == 1
+    assert study.restore_published(tmp_path / "x", tmp_path / "nothing_published") == []
+
+
+def _metrics() -> dict:
+    return {
+        "steps": 2,
+        "generated_tokens": 100.0,
+        "generated_per_trained": 1.0,
+        "acr_start": 0.5,
+        "acr_raw": 0.5,
+        "acr_effective": 0.25,
+        "train_wall_min": 1.0,
+        "greso": {},
+        "heldout_problems": 4,
+    }

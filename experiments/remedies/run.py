@@ -4,14 +4,15 @@ GRESO+AVSPO and RL-ZVP on SmolLM2-135M arithmetic (CPU), at equal generated toke
 Every run is ``avspo-train --backend cpu`` with the same model, data, decoding, optimizer and seed
 list, stopped by ``--run.max_generated_tokens`` (dynamic sampling spends extra generation per step,
 GRESO saves some: equal steps would be unfair both ways), then a held-out evaluation of its final
-model on 1,200 problems (the first 300 right after training, the other 900 by ``--extend-eval`` for
-runs that finished before the set grew). Resumable per (method, seed): a finished run leaves
-``<method>_seed<k>/result.json``; a run killed midway resumes from its checkpoint when the command is
-repeated. ``--report-only`` rebuilds the table, the p-values and the plots from what is there,
-saying how many seeds and held-out problems each cell holds.
+model on 1,200 problems (the first 300, the first pass's whole set, then the other 900). Resumable
+per (method, seed): a finished run leaves ``<method>_seed<k>/result.json``; a run killed midway
+resumes from its checkpoint when the command is repeated. With ``--publish`` every finished run is
+written to the repository's results folder with its per-problem records, and a run found there is
+not run again, so the study also resumes on a machine whose run folder is gone. ``--report-only``
+rebuilds the table, the p-values and the plots from what is there, saying how many seeds and
+held-out problems each cell holds.
 
-    python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies
-    python experiments/remedies/run.py --out runs/remedies --extend-eval
+    python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies --publish experiments/remedies/results
     python experiments/remedies/run.py --out runs/remedies --report-only --publish experiments/remedies/results
 """
 
@@ -113,6 +114,9 @@ def extend_eval(run_dir: Path, extra: str) -> dict:
     res = json.loads((run_dir / "result.json").read_text())
     if res.get("heldout_problems", HELDOUT) >= HELDOUT + HELDOUT_EXTRA:
         return res
+    if not (run_dir / "final" / "config.json").exists():
+        raise RuntimeError(f"{run_dir}: holds {res.get('heldout_problems', HELDOUT)} held-out problems and no final "
+                           "model to evaluate the rest with; delete the folder to run it again")  # fmt: skip
     args = study_args(res["method"], res["seed"], TOKEN_BUDGET)
     qs._eval(str(run_dir / "final"), extra, run_dir / "eval_after_extra", args, run_dir / "log.txt")
     records = qs._records(run_dir / "eval_after_extra")
@@ -121,6 +125,47 @@ def extend_eval(run_dir: Path, extra: str) -> dict:
     res = merge_extra(res, records, _summary_precision(run_dir / "eval_after_extra"))
     _write_json(run_dir / "result.json", res)
     return res
+
+
+def pack_per_problem(per: dict[str, float], n: int = STUDY["eval_n"]) -> dict | dict[str, float]:
+    """A run's per-problem accuracies as the repository keeps them: the ids' common prefix and one
+    digit per problem, its correct samples of ``n`` (1,200 problems in 1.2 kB instead of ~40 kB).
+    Ids that are not ``prefix + 0..P-1`` or values that are not k/n stay a plain dict."""
+    ids = list(per)
+    prefix = ids[0].rsplit("/", 1)[0] + "/" if ids else ""
+    counts = [per.get(f"{prefix}{i}", -1.0) * n for i in range(len(ids))]
+    if n > 9 or any(c < 0 or abs(c - round(c)) > 1e-9 for c in counts):
+        return dict(per)
+    return {"n": n, "prefix": prefix, "correct": "".join(str(round(c)) for c in counts)}
+
+
+def unpack_per_problem(packed: dict) -> dict[str, float]:
+    if "correct" not in packed:
+        return dict(packed)
+    return {f"{packed['prefix']}{i}": int(c) / packed["n"] for i, c in enumerate(packed["correct"])}
+
+
+def restore_published(out: Path, published: Path) -> list[str]:
+    """Put the runs (and the evaluation before training) that ``published``/results.json holds with
+    their per-problem records back into ``out``, where ``out`` lacks them: the study resumes from
+    the repository on a machine whose run folder is gone. Returns the runs restored."""
+    path = published / "results.json"
+    if not path.exists():
+        return []
+    pub = json.loads(path.read_text())
+    for name, summary in pub.get("before_eval", {}).items():
+        if not (out / name / "summary.json").exists():
+            (out / name).mkdir(parents=True, exist_ok=True)
+            _write_json(out / name / "summary.json", summary)
+    restored = []
+    for r in pub["runs"]:
+        run_dir = out / f"{r['method']}_seed{r['seed']}"
+        if "per_problem" not in r or (run_dir / "result.json").exists():
+            continue  # runs published without their records (the first pass) cannot enter the statistics
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(run_dir / "result.json", {**r, "per_problem": unpack_per_problem(r["per_problem"])})
+        restored.append(run_dir.name)
+    return restored
 
 
 def _summary_precision(eval_dir: Path) -> str:
@@ -291,7 +336,7 @@ def heldout_line(results: list[dict], before: float) -> str:
     if n_full == len(results):
         held = f"{HELDOUT + HELDOUT_EXTRA:,} problems x n=4 (T=0.7)"
     elif n_full == 0:
-        held = f"{HELDOUT} problems x n=4 (T=0.7; the {HELDOUT_EXTRA} more of --extend-eval not yet evaluated)"
+        held = f"{HELDOUT} problems x n=4 (T=0.7; the first pass's set, without the {HELDOUT_EXTRA} added later)"
     else:
         held = (f"{HELDOUT + HELDOUT_EXTRA:,} problems x n=4 (T=0.7) for {n_full} of {len(results)} runs, the first "
                 f"{HELDOUT} for the others (a difference is over the problems both runs hold)")  # fmt: skip
@@ -346,48 +391,81 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
                  f"{sum(r.get('resumed', False) for r in results)}.")  # fmt: skip
     table = "\n".join(lines) + "\n"
     (out / "results.md").write_text(table, encoding="utf-8")
-    slim = [{k: v for k, v in r.items() if k != "per_problem"} for r in results]
-    (out / "results.json").write_text(json.dumps({"budget_tokens": budget, "before_pass1": before, "summary": summary,
-                                                  "runs": slim}, indent=1))  # fmt: skip
+    # per-problem records travel with the repository: the paired statistics need them, and the run
+    # folders do not outlive the machine (the first pass lost them that way)
+    runs = [{**r, "per_problem": pack_per_problem(r["per_problem"])} if "per_problem" in r else r for r in results]
+    before_eval = {d: json.loads((out / d / "summary.json").read_text())
+                   for d in ("eval_before", "eval_before_extra") if (out / d / "summary.json").exists()}  # fmt: skip
+    _write_json(out / "results.json", {"budget_tokens": budget, "before_pass1": before, "before_eval": before_eval,
+                                       "summary": summary, "runs": runs})  # fmt: skip
     plot(results, before, out / "remedies.png")
     return table
 
 
+def _heldout_points(r: dict, before: float) -> list[tuple[float, float, float]]:
+    """(generated tokens, wall s, held-out pass@1) along a run: before training, the in-training
+    evaluations, the final evaluation."""
+    tok = {c["step"]: c["tokens"] for c in r["curve"]}
+    wall = {c["step"]: c["wall_s"] for c in r["curve"]}
+    pts = [(0.0, 0.0, before)] + [(tok.get(e["step"], 0), wall.get(e["step"], 0), e["pass1"]) for e in r["mid_evals"]]
+    return pts + [(r["generated_tokens"], r["curve"][-1]["wall_s"], r["heldout_pass1"])]
+
+
+def _mean_band(ax, xs_runs, ys_runs, grid, color, label, scale=1.0):
+    """Mean over seeds (line) and ± one standard deviation (band) of runs interpolated on ``grid``;
+    beyond a run's last point its last value holds."""
+    import numpy as np
+
+    ys = np.array([np.interp(grid, x, y) for x, y in zip(xs_runs, ys_runs)]) * scale
+    mean = ys.mean(axis=0)
+    ax.plot(grid, mean, color=color, lw=1.6, label=label)
+    if len(ys) > 1:
+        sd = ys.std(axis=0, ddof=1)
+        ax.fill_between(grid, mean - sd, mean + sd, color=color, alpha=0.12, lw=0)
+
+
 def plot(results: list[dict], before: float, path: Path) -> None:
+    """Learning curves per method (mean over seeds, band ± sd) against generated tokens and wall
+    time, the training reward and effective ACR against generated tokens, and the final held-out
+    accuracy per seed."""
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     methods = [m for m in METHODS if any(r["method"] == m for r in results)]
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    fig, axes = plt.subplots(1, 5, figsize=(24, 4.2))
+    tok_end = min(r["generated_tokens"] for r in results)
+    tok_grid = np.linspace(0, tok_end, 60)
     for i, m in enumerate(methods):
         rs = [r for r in results if r["method"] == m]
-        for j, r in enumerate(rs):
-            tok = {c["step"]: c["tokens"] for c in r["curve"]}
-            wall = {c["step"]: c["wall_s"] for c in r["curve"]}
-            pts = [(0, 0, before)] + [
-                (tok.get(e["step"], 0), wall.get(e["step"], 0), e["pass1"]) for e in r["mid_evals"]
-            ]
-            pts.append((r["generated_tokens"], r["curve"][-1]["wall_s"], r["heldout_pass1"]))
-            kw = dict(color=f"C{i}", alpha=0.7, lw=1, label=m if j == 0 else None)
-            axes[0].plot([p[0] for p in pts], [100 * p[2] for p in pts], marker=".", **kw)
-            axes[1].plot([p[1] / 60 for p in pts], [100 * p[2] for p in pts], marker=".", **kw)
-            axes[2].plot([c["tokens"] for c in r["curve"]], [c["reward"] for c in r["curve"]], **kw)
+        color, label = f"C{i}", f"{m} ({len(rs)})"
+        pts = [np.array(_heldout_points(r, before)) for r in rs]
+        _mean_band(axes[0], [q[:, 0] for q in pts], [q[:, 2] for q in pts], tok_grid, color, label, 100)
+        wall_end = min(q[-1, 1] for q in pts) / 60  # the method's curve ends with its shortest run
+        _mean_band(axes[1], [q[:, 1] / 60 for q in pts], [q[:, 2] for q in pts], np.linspace(0, wall_end, 60),
+                   color, label, 100)  # fmt: skip
+        axes[1].scatter([statistics.mean(q[-1, 1] / 60 for q in pts)], [statistics.mean(100 * q[-1, 2] for q in pts)],
+                        color=color, s=25, zorder=3)  # fmt: skip
+        curves = [([c["tokens"] for c in r["curve"]], [c["reward"] for c in r["curve"]]) for r in rs]
+        _mean_band(axes[2], *zip(*curves), tok_grid, color, label)
+        acr = [([c["tokens"] for c in r["curve"]], [c["acr_effective"] for c in r["curve"]]) for r in rs]
+        _mean_band(axes[3], *zip(*acr), tok_grid, color, label)
         ys = [100 * r["heldout_pass1"] for r in rs]
-        axes[3].bar(i, statistics.mean(ys), color=f"C{i}", alpha=0.6)
-        axes[3].scatter([i] * len(ys), ys, color="k", s=10, zorder=3)
+        axes[4].bar(i, statistics.mean(ys), color=color, alpha=0.6)
+        axes[4].scatter([i] * len(ys), ys, color="k", s=10, zorder=3)
     axes[0].set(xlabel="generated tokens", ylabel="held-out pass@1 (%)",
-                title="held-out vs generated tokens\n(middle points: 60-problem subset, n=2)")  # fmt: skip
-    axes[1].set(
-        xlabel="wall time since the first generation (min)", ylabel="held-out pass@1 (%)", title="held-out vs wall time"
-    )
+                title="held-out vs generated tokens (mean ± sd over seeds)\nmiddle points: 60-problem subset, n=2")  # fmt: skip
+    axes[1].set(xlabel="wall time since the first generation (min)", ylabel="held-out pass@1 (%)",
+                title="held-out vs wall time\n(dot: mean end of the method's runs)")  # fmt: skip
     axes[2].set(xlabel="generated tokens", ylabel="mean training reward", title="training reward (trained batches)")
-    axes[3].set_xticks(range(len(methods)), methods, rotation=30)
-    axes[3].set(ylabel="held-out pass@1 (%)", title="final held-out (dots: seeds)")
+    axes[3].set(xlabel="generated tokens", ylabel="effective ACR", title="effective ACR (trained batches)")
+    axes[4].set_xticks(range(len(methods)), methods, rotation=30)
+    axes[4].set(ylabel="held-out pass@1 (%)", title="final held-out (dots: seeds)")
     for ax in axes:
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=7, title="method (seeds)", title_fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -419,16 +497,29 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=TOKEN_BUDGET, help="generated tokens per run")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--report-only", action="store_true", help="tables and plots from the finished runs only")
-    p.add_argument("--extend-eval", action="store_true",
-                   help=f"evaluate finished runs (and the model before training) on the {HELDOUT_EXTRA} extra held-out "
-                        "problems they lack, then report; trains nothing")  # fmt: skip
-    p.add_argument("--publish", help="copy results.md/json and the plot to this folder (the repository's)")
+    p.add_argument("--publish", help="the repository's results folder: results.md/json and the plot are written there "
+                                     "after every finished run, and the runs it holds are not run again (a study "
+                                     "resumes from it when the run folder is gone)")  # fmt: skip
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.report_only and args.extend_eval:
-        p.error("--report-only and --extend-eval exclude each other")
+    if args.publish:
+        restored = restore_published(out, Path(args.publish))
+        if restored:
+            print(f"[remedies] restored from {args.publish}: {', '.join(restored)}", flush=True)
     data = make_data(out / "data")
+
+    def publish() -> None:
+        results = [json.loads(f.read_text()) for f in sorted(out.glob("*_seed*/result.json"))]
+        before = before_pass1(out, all(r.get("heldout_problems", HELDOUT) >= HELDOUT + HELDOUT_EXTRA for r in results))
+        print(report(results, before, out, args.budget), flush=True)
+        if args.publish:
+            dest = Path(args.publish)
+            dest.mkdir(parents=True, exist_ok=True)
+            for name in ("results.md", "results.json", "remedies.png"):
+                if (out / name).exists():
+                    shutil.copy(out / name, dest / name)
+
     if not args.report_only:
         from avspo_openrlhf.cpu.models import prepare
 
@@ -436,25 +527,14 @@ def main(argv=None) -> int:
         base = study_args("GRPO", 0, args.budget)
         qs._eval(model, data[1], out / "eval_before", base, out / "log.txt")
         qs._eval(model, data[2], out / "eval_before_extra", base, out / "log.txt")
-        if args.extend_eval:
-            done = sorted(f.parent for f in out.glob("*_seed*/result.json"))
-            for i, run_dir in enumerate(done):
-                print(f"[remedies] extra held-out {i + 1}/{len(done)}: {run_dir.name}", flush=True)
-                extend_eval(run_dir, data[2])
-        else:
-            todo = order(args.methods, args.seeds)
-            for i, (m, s) in enumerate(todo):
-                print(f"[remedies] {i + 1}/{len(todo)}: {m} seed {s}", flush=True)
-                run_one(m, s, out, model, data, args.budget)
-    results = [json.loads(f.read_text()) for f in sorted(out.glob("*_seed*/result.json"))]
-    before = before_pass1(out, all(r.get("heldout_problems", HELDOUT) >= HELDOUT + HELDOUT_EXTRA for r in results))
-    print(report(results, before, out, args.budget))
-    if args.publish:
-        dest = Path(args.publish)
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in ("results.md", "results.json", "remedies.png"):
-            if (out / name).exists():
-                shutil.copy(out / name, dest / name)
+        todo = order(args.methods, args.seeds)
+        for i, (m, s) in enumerate(todo):
+            print(f"[remedies] {i + 1}/{len(todo)}: {m} seed {s}", flush=True)
+            fresh = not (out / f"{m}_seed{s}" / "result.json").exists()
+            run_one(m, s, out, model, data, args.budget)
+            if fresh:
+                publish()  # partial results as they come, each cell with its seed count
+    publish()
     return 0
 
 
