@@ -64,6 +64,7 @@ def test_merge_extra_closed_form_and_keeps_the_first_sets_number(study):
 def test_one_runs_evaluation_interval_closed_form(study):
     per = dict(zip(_ids(0, 4), [1.0, 0.0, 1.0, 0.0]))  # sd (n-1) = sqrt(1/3)
     assert study.eval_halfwidth(per) == pytest.approx(1.96 * math.sqrt(1 / 3) / 2)
+    assert study._ms([0.5, 0.7], 100) == "60.0 ± 14.1" and study._ms([0.5], 100) == "50.0"  # one seed: no "± nan"
 
 
 def test_differences_use_the_problems_every_paired_run_holds(study):

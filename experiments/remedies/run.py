@@ -326,8 +326,9 @@ def _fmt_cmp(c: dict | None) -> str:
 def _ms(xs, scale=1.0, fmt="{:.1f}") -> str:
     if not xs:
         return "-"
-    sd = statistics.stdev(xs) * scale if len(xs) > 1 else float("nan")
-    return f"{fmt.format(statistics.mean(xs) * scale)} ± {fmt.format(sd)}"
+    if len(xs) == 1:  # one seed has no spread to show
+        return fmt.format(xs[0] * scale)
+    return f"{fmt.format(statistics.mean(xs) * scale)} ± {fmt.format(statistics.stdev(xs) * scale)}"
 
 
 def heldout_line(results: list[dict], before: float) -> str:
@@ -434,6 +435,8 @@ def plot(results: list[dict], before: float, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not results:
+        return
     methods = [m for m in METHODS if any(r["method"] == m for r in results)]
     fig, axes = plt.subplots(1, 5, figsize=(24, 4.2))
     tok_end = min(r["generated_tokens"] for r in results)
