@@ -190,3 +190,19 @@ def _metrics() -> dict:
         "greso": {},
         "heldout_problems": 4,
     }
+
+
+def test_per_seed_and_per_level_tables_closed_form(study):
+    """The per-seed table holds each run's number in its (seed, method) cell and leaves a run not yet
+    done empty; the per-level table is the mean over a method's seeds, '-' where no run recorded it."""
+    runs = [
+        {"method": "GRPO", "seed": 0, "heldout_pass1": 0.5, "heldout_by_level": {"add1": 0.9, "multi": 0.1},
+         "acr_all_wrong": 0.4, "acr_all_right": 0.2},
+        {"method": "GRPO", "seed": 1, "heldout_pass1": 0.625, "heldout_by_level": {"add1": 0.8, "multi": 0.3},
+         "acr_all_wrong": 0.2, "acr_all_right": 0.4},
+        {"method": "AVSPO", "seed": 1, "heldout_pass1": 0.75, "heldout_by_level": {"add1": 1.0}},
+    ]  # fmt: skip
+    lines = study.seed_and_level_tables(runs, ["GRPO", "AVSPO"])
+    assert "| 0 | 50.0 |  |" in lines and "| 1 | 62.5 | 75.0 |" in lines
+    assert "| GRPO | 2 | 85.0 | - | - | 20.0 | 0.30 | 0.30 |" in lines
+    assert "| AVSPO | 1 | 100.0 | - | - | - | - | - |" in lines

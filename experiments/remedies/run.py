@@ -331,6 +331,10 @@ def _ms(xs, scale=1.0, fmt="{:.1f}") -> str:
     return f"{fmt.format(statistics.mean(xs) * scale)} ± {fmt.format(statistics.stdev(xs) * scale)}"
 
 
+def _mean(xs, scale=1.0, fmt="{:.1f}") -> str:
+    return fmt.format(statistics.mean(xs) * scale) if xs else "-"
+
+
 def heldout_line(results: list[dict], before: float) -> str:
     """What the held-out numbers stand on: problems per run, one run's evaluation interval."""
     n_full = sum(r.get("heldout_problems", HELDOUT) >= HELDOUT + HELDOUT_EXTRA for r in results)
@@ -344,6 +348,29 @@ def heldout_line(results: list[dict], before: float) -> str:
     hw = [100 * eval_halfwidth(r["per_problem"]) for r in results if len(r.get("per_problem", {})) > 1]
     interval = f"; one run's 95 % evaluation interval ±{min(hw):.1f} to ±{max(hw):.1f} points" if hw else ""
     return f"Held-out: {held}; before training {100 * before:.1f} %{interval}."
+
+
+def seed_and_level_tables(results: list[dict], methods: list[str]) -> list[str]:
+    """Held-out pass@1 per seed (the paired tests' inputs, an empty cell for a run not yet done) and
+    per level as a mean over seeds, with the collapsed share split all-wrong / all-right: where a
+    method wins or loses, not only by how much."""
+    acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
+    seeds = sorted({r["seed"] for r in results})
+    lines = ["", "Held-out pass@1 per seed (%):", "", "| seed | " + " | ".join(methods) + " |",
+             "| --- |" + " --- |" * len(methods)]  # fmt: skip
+    for s in seeds:
+        cells = [f"{100 * acc[m, s]:.1f}" if (m, s) in acc else "" for m in methods]
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines += ["", "Per level (held-out pass@1, %) and the trained groups' collapsed share (all-wrong, all-right), "
+              "means over seeds:", "",
+              "| method | seeds | " + " | ".join(LEVELS) + " | all-wrong | all-right |",
+              "| --- | --- |" + " --- |" * (len(LEVELS) + 2)]  # fmt: skip
+    for m in methods:
+        rs = [r for r in results if r["method"] == m]
+        lv = [_mean([r["heldout_by_level"][k] for r in rs if k in r.get("heldout_by_level", {})], 100) for k in LEVELS]
+        split = [_mean([r[k] for r in rs if k in r], 1, "{:.2f}") for k in ("acr_all_wrong", "acr_all_right")]
+        lines.append(f"| {m} | {len(rs)} | " + " | ".join(lv + split) + " |")
+    return lines
 
 
 def report(results: list[dict], before: float, out: Path, budget: int) -> str:
@@ -373,6 +400,7 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
             f"{_ms([r['acr_start'] for r in rs], 1, '{:.2f}')} | {_ms([r['acr_raw'] for r in rs], 1, '{:.2f}')} | "
             f"{_ms([r['acr_effective'] for r in rs], 1, '{:.2f}')} | {_ms([r['train_wall_min'] for r in rs], 1, '{:.1f}')} |"
         )
+    lines += seed_and_level_tables(results, methods)
     greso = [r for r in results if r["greso"]]
     if greso:
         lines += ["", "| GRESO run | skipped / visited prompts | audited | false skips (mixed when audited) | p_easy, p_hard at the end |",
