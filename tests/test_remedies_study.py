@@ -206,3 +206,25 @@ def test_per_seed_and_per_level_tables_closed_form(study):
     assert "| 0 | 50.0 |  |" in lines and "| 1 | 62.5 | 75.0 |" in lines
     assert "| GRPO | 2 | 85.0 | - | - | 20.0 | 0.30 | 0.30 |" in lines
     assert "| AVSPO | 1 | 100.0 | - | - | - | - | - |" in lines
+
+
+def test_both_passes_pool_as_draws_paired_within_each(study):
+    """A seed run in both passes is two draws; the second pass contributes its first-300 number, a
+    run without one (another set) stays out; mean, t interval and sign-flip p by hand."""
+    first = [{"method": "GRPO", "seed": 0, "heldout_pass1": 0.50}, {"method": "AVSPO", "seed": 0, "heldout_pass1": 0.60},
+             {"method": "GRPO", "seed": 1, "heldout_pass1": 0.50}, {"method": "AVSPO", "seed": 1, "heldout_pass1": 0.40}]  # fmt: skip
+    second = [
+        {"method": "GRPO", "seed": 0, "heldout_pass1": 0.9, "heldout_pass1_first": 0.55, "heldout_problems": 1200},
+        {"method": "AVSPO", "seed": 0, "heldout_pass1": 0.1, "heldout_pass1_first": 0.85, "heldout_problems": 1200},
+        {"method": "AVSPO", "seed": 1, "heldout_pass1": 0.9, "heldout_problems": 1200},  # no first-300 number
+    ]
+    acc = {**study.first_set_pass1(first, "first"), **study.first_set_pass1(second, "second")}
+    assert ("second", "AVSPO", 1) not in acc
+    c = study.pooled_compare(acc, "AVSPO", "GRPO")  # draws: +0.1, -0.1, +0.3
+    sd = math.sqrt(((0.1 - 0.1) ** 2 + (-0.1 - 0.1) ** 2 + (0.3 - 0.1) ** 2) / 2)
+    assert c["pairs"] == 3 and math.isclose(c["diff"], 0.1) and math.isclose(c["sd"], sd)
+    assert math.isclose(c["ci95"][1], 0.1 + 4.303 * sd / math.sqrt(3))
+    assert c["p_sign_flip"] == 6 / 8  # |sum of flipped draws| >= 0.3 for all but (+, -, -) and (-, +, +)
+    assert study.pooled_compare(acc, "AVSPO", "DAPO-DS") is None
+    rows = study.pooled_table(second, first, ["GRPO", "AVSPO"])
+    assert rows[-1].startswith("| AVSPO | +10.0 [") and rows[-1].endswith("| - |")

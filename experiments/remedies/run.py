@@ -10,7 +10,8 @@ resumes from its checkpoint when the command is repeated. With ``--publish`` eve
 written to the repository's results folder with its per-problem records, and a run found there is
 not run again, so the study also resumes on a machine whose run folder is gone. ``--report-only``
 rebuilds the table, the p-values and the plots from what is there, saying how many seeds and
-held-out problems each cell holds.
+held-out problems each cell holds; with ``results_first_pass/`` beside it, the report also pools
+both passes on the 300 problems both evaluated (each run a draw, paired within its seed and pass).
 
     python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies --publish experiments/remedies/results
     python experiments/remedies/run.py --out runs/remedies --report-only --publish experiments/remedies/results
@@ -316,6 +317,53 @@ def compare(results: list[dict], method: str, base: str) -> dict | None:
     }
 
 
+# Student t 0.975 quantiles by degrees of freedom: a pooled comparison holds at most 10 draws.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145}  # fmt: skip
+FIRST_PASS = Path(__file__).resolve().parent / "results_first_pass" / "results.json"
+
+
+def first_set_pass1(runs: list[dict], tag: str) -> dict[tuple[str, str, int], float]:
+    """Each run's pass@1 on the first 300 held-out problems, the set both passes evaluated, keyed by
+    (pass, method, seed): a run is a fresh draw (asynchronous rollouts and vLLM's sampling are not
+    bit-reproducible), so a seed run in both passes gives two pairs."""
+    out = {}
+    for r in runs:
+        if "heldout_pass1_first" in r or r.get("heldout_problems", HELDOUT) == HELDOUT:
+            out[tag, r["method"], r["seed"]] = r.get("heldout_pass1_first", r["heldout_pass1"])
+    return out
+
+
+def pooled_compare(acc: dict[tuple[str, str, int], float], method: str, base: str) -> dict | None:
+    """``method`` - ``base`` over every (pass, seed) draw both hold, paired within a draw: mean, 95 %
+    t interval over the draws and the exact sign-flip p-value."""
+    d = [acc[k] - acc[k[0], base, k[2]] for k in sorted(acc) if k[1] == method and (k[0], base, k[2]) in acc]
+    if method == base or len(d) < 2:
+        return None
+    mean, sd = statistics.mean(d), statistics.stdev(d)
+    half = T975.get(len(d) - 1, 1.96) * sd / math.sqrt(len(d))
+    return {"pairs": len(d), "diff": mean, "sd": sd, "ci95": [mean - half, mean + half], "p_sign_flip": sign_flip_p(d)}
+
+
+def pooled_table(results: list[dict], first_pass: list[dict], methods: list[str]) -> list[str]:
+    """Both passes together on the first 300 problems: about twice the draws of either pass alone,
+    since the spread between runs, not the evaluation set, is what limits each pass."""
+    acc = {**first_set_pass1(first_pass, "first"), **first_set_pass1(results, "second")}
+    rows = []
+    for m in methods:
+        cmp = [pooled_compare(acc, m, b) for b in BASELINES]
+        if any(cmp):
+            cells = [f"{100 * c['diff']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}], "
+                     f"sd {100 * c['sd']:.1f}, p={c['p_sign_flip']:.3f} ({c['pairs']})" if c else "-" for c in cmp]  # fmt: skip
+            rows.append(f"| {m} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    return ["", "Both passes together, on the first 300 held-out problems (the set both evaluated): each "
+            "(pass, seed) run is a draw, paired within the draw; mean [95 % t interval over the draws], sd of "
+            "the paired differences, p = exact sign-flip (draws):", "",
+            "| method | vs GRPO (points) | vs DAPO-DS (points) |", "| --- | --- | --- |", *rows]  # fmt: skip
+
+
 def _fmt_cmp(c: dict | None) -> str:
     if c is None:
         return "-"
@@ -401,6 +449,8 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
             f"{_ms([r['acr_effective'] for r in rs], 1, '{:.2f}')} | {_ms([r['train_wall_min'] for r in rs], 1, '{:.1f}')} |"
         )
     lines += seed_and_level_tables(results, methods)
+    if FIRST_PASS.exists():
+        lines += pooled_table(results, json.loads(FIRST_PASS.read_text())["runs"], methods)
     greso = [r for r in results if r["greso"]]
     if greso:
         lines += ["", "| GRESO run | skipped / visited prompts | audited | false skips (mixed when audited) | p_easy, p_hard at the end |",
