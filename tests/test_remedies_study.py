@@ -228,3 +228,17 @@ def test_both_passes_pool_as_draws_paired_within_each(study):
     assert study.pooled_compare(acc, "AVSPO", "DAPO-DS") is None
     rows = study.pooled_table(second, first, ["GRPO", "AVSPO"])
     assert rows[-1].startswith("| AVSPO | +10.0 [") and rows[-1].endswith("| - |")
+
+
+def test_per_level_differences_use_only_that_levels_problems(study):
+    """Ids cycle the levels (id % 4: add1, mul1, add2, multi): a level's paired difference is the mean
+    over its problems and seeds alone, and a method that differs on one level differs nowhere else."""
+    base = [1.0, 0.5, 0.25, 0.0] * 2
+    runs = [_run("GRPO", s, base) for s in (0, 1)] + [
+        _run("AVSPO", 0, [1.0, 0.5, 0.25, 0.5, 1.0, 0.5, 0.25, 0.25]),  # multi: +0.5, +0.25
+        _run("AVSPO", 1, [1.0, 0.5, 0.25, 0.75, 1.0, 0.5, 0.25, 0.0]),  # multi: +0.75, 0
+    ]
+    row = study.level_compare_table(runs, ["GRPO", "AVSPO"])[-1]
+    cells = row.strip("| ").split(" | ")
+    assert cells[0] == "AVSPO" and all(c.startswith("+0.0 [+0.0, +0.0]") for c in cells[1:4])
+    assert cells[4].startswith("+37.5 [")  # (0.5 + 0.25 + 0.75 + 0) / 4

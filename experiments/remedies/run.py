@@ -421,6 +421,26 @@ def seed_and_level_tables(results: list[dict], methods: list[str]) -> list[str]:
     return lines
 
 
+def level_compare_table(results: list[dict], methods: list[str], base: str = "GRPO") -> list[str]:
+    """Paired differences against ``base`` level by level (the same bootstrap as the main table, on
+    one level's problems): which levels a method's overall difference comes from."""
+
+    def at(lv: str) -> list[dict]:
+        return [{**r, "per_problem": {k: v for k, v in r["per_problem"].items() if _level(k) == lv}}
+                for r in results if r.get("per_problem")]  # fmt: skip
+
+    by_level = {lv: at(lv) for lv in LEVELS}
+    rows = []
+    for m in methods:
+        cmp = [compare(by_level[lv], m, base) for lv in LEVELS]
+        if any(cmp):
+            rows.append(f"| {m} | " + " | ".join(_fmt_cmp(c) for c in cmp) + " |")
+    if not rows:
+        return []
+    return ["", f"Per level against {base} (points; mean [95 % bootstrap interval], p = bootstrap / exact sign-flip "
+            "(seeds)):", "", "| method | " + " | ".join(LEVELS) + " |", "| --- |" + " --- |" * len(LEVELS), *rows]  # fmt: skip
+
+
 def report(results: list[dict], before: float, out: Path, budget: int) -> str:
     methods = [m for m in METHODS if any(r["method"] == m for r in results)]
     lines = [
@@ -449,6 +469,7 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
             f"{_ms([r['acr_effective'] for r in rs], 1, '{:.2f}')} | {_ms([r['train_wall_min'] for r in rs], 1, '{:.1f}')} |"
         )
     lines += seed_and_level_tables(results, methods)
+    lines += level_compare_table(results, methods)
     if FIRST_PASS.exists():
         lines += pooled_table(results, json.loads(FIRST_PASS.read_text())["runs"], methods)
     greso = [r for r in results if r["greso"]]
