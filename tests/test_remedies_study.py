@@ -242,3 +242,12 @@ def test_per_level_differences_use_only_that_levels_problems(study):
     cells = row.strip("| ").split(" | ")
     assert cells[0] == "AVSPO" and all(c.startswith("+0.0 [+0.0, +0.0]") for c in cells[1:4])
     assert cells[4].startswith("+37.5 [")  # (0.5 + 0.25 + 0.75 + 0) / 4
+
+
+def test_the_cpu_line_names_the_machines_the_runs_ran_on(study):
+    """Each run carries its own CPU; the report counts them instead of naming the machine that
+    writes it, and a run without a record says so."""
+    runs = [{"cpu": "AMD EPYC, 2 cores, native bf16"}] * 2 + [{"cpu": "Intel Xeon, 2 cores, no native bf16"}, {}]
+    assert study.cpu_line(runs) == (
+        "AMD EPYC, 2 cores, native bf16 (2 runs); Intel Xeon, 2 cores, no native bf16 (1 run); not recorded (1 run)"
+    )

@@ -20,6 +20,7 @@ both passes on the 300 problems both evaluated (each run a draw, paired within i
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -228,6 +229,7 @@ def run_one(method: str, seed: int, out: Path, model: str, data: tuple[str, str,
         "greso": {k: v for k, v in last.items() if k.startswith("greso/")},
         "train_wall_min": train_s / 60,
         "resumed": resumed,  # wall time of a resumed run is not comparable
+        "cpu": qs.cpu_kind(),  # the machine that ran it, not the one that writes the report
         "curve": [
             {
                 "step": r["step"],
@@ -441,6 +443,13 @@ def level_compare_table(results: list[dict], methods: list[str], base: str = "GR
             "(seeds)):", "", "| method | " + " | ".join(LEVELS) + " |", "| --- |" + " --- |" * len(LEVELS), *rows]  # fmt: skip
 
 
+def cpu_line(results: list[dict]) -> str:
+    """The CPUs the runs ran on, with their run counts: a study resumed on another machine (native
+    bf16 or not) says so rather than naming the machine that wrote the report."""
+    kinds = collections.Counter(r.get("cpu", "not recorded") for r in results)
+    return "; ".join(f"{k} ({n} run{'s' * (n != 1)})" for k, n in sorted(kinds.items()))
+
+
 def report(results: list[dict], before: float, out: Path, budget: int) -> str:
     methods = [m for m in METHODS if any(r["method"] == m for r in results)]
     lines = [
@@ -487,7 +496,7 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
         lines.append(
             "\nPrecision: " + ("; ".join(f"{k} {v}" for k, v in json.loads(p).items()) or "not recorded") + "."
         )
-    lines.append(f"\nCPU: {qs.cpu_kind()}. Runs resumed after a kill (wall time not comparable): "
+    lines.append(f"\nCPU: {cpu_line(results)}. Runs resumed after a kill (wall time not comparable): "
                  f"{sum(r.get('resumed', False) for r in results)}.")  # fmt: skip
     table = "\n".join(lines) + "\n"
     (out / "results.md").write_text(table, encoding="utf-8")
