@@ -251,3 +251,36 @@ def test_the_cpu_line_names_the_machines_the_runs_ran_on(study):
     assert study.cpu_line(runs) == (
         "AMD EPYC, 2 cores, native bf16 (2 runs); Intel Xeon, 2 cores, no native bf16 (1 run); not recorded (1 run)"
     )
+
+
+def test_per_seed_file_holds_every_run_of_both_passes_without_its_records(study):
+    """The small per-seed file: each pass's runs in seed order with their numbers and no per-problem
+    records or curves, each method's seed count against its target, the second pass's comparisons as
+    the report computed them, the first pass's as it published them, and the pooled ones."""
+    second = [
+        {**_run("GRPO", 1, [1.0, 0.0]), **_metrics(), "heldout_pass1_first": 0.5, "cpu": "c", "curve": [1]},
+        {**_run("GRPO", 0, [1.0, 1.0]), **_metrics(), "heldout_pass1_first": 0.75},
+        {**_run("AVSPO", 0, [0.0, 1.0]), **_metrics(), "heldout_pass1_first": 0.25},
+        {**_run("AVSPO", 1, [0.0, 0.0]), **_metrics(), "heldout_pass1_first": 1.0},
+    ]
+    summary = {"GRPO": {"seeds": [0, 1], "vs_DAPO-DS": None}, "AVSPO": {"seeds": [0, 1], "vs_GRPO": {"diff": -0.75}}}
+    first = {
+        "before_pass1": 0.25,
+        "summary": {"NGRPO": {"vs_GRPO": {"diff": -0.1}, "heldout_pass1": [0.4]}},
+        "runs": [{"method": "GRPO", "seed": 0, "heldout_pass1": 0.5}, {"method": "NGRPO", "seed": 0, "heldout_pass1": 0.4}],
+    }  # fmt: skip
+    out = study.per_seed_summary(second, summary, first, 16_000, 0.24)
+    grpo = out["second_pass"]["methods"]["GRPO"]
+    assert [r["seed"] for r in grpo["runs"]] == [0, 1] and grpo["seeds"] == 2 and grpo["target_seeds"] == 5
+    assert grpo["runs"][1]["cpu"] == "c" and grpo["runs"][1]["heldout_pass1"] == 0.5
+    assert not any("per_problem" in r or "curve" in r for r in grpo["runs"])
+    assert out["second_pass"]["cpu"] == "c (1 run); not recorded (3 runs)"  # the pass names its machines
+    assert grpo["vs_DAPO-DS"] is None and out["second_pass"]["methods"]["AVSPO"]["vs_GRPO"] == {"diff": -0.75}
+    assert out["first_pass"]["methods"]["NGRPO"] == {
+        "seeds": 1, "target_seeds": 5, "runs": [{"seed": 0, "heldout_pass1": 0.4}], "vs_GRPO": {"diff": -0.1}
+    }  # fmt: skip
+    # pooled draws (first 300): second pass seed 0 -0.5, seed 1 +0.5; first pass has no AVSPO run
+    pooled = out["pooled_first_300"]["AVSPO"]["vs_GRPO"]
+    assert pooled["pairs"] == 2 and math.isclose(pooled["diff"], 0.0)
+    assert out["pooled_first_300"]["NGRPO"] == {}  # one draw has no interval
+    assert json.loads(json.dumps(out)) == out  # plain JSON

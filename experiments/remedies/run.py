@@ -12,9 +12,13 @@ not run again, so the study also resumes on a machine whose run folder is gone. 
 rebuilds the table, the p-values and the plots from what is there, saying how many seeds and
 held-out problems each cell holds; with ``results_first_pass/`` beside it, the report also pools
 both passes on the 300 problems both evaluated (each run a draw, paired within its seed and pass).
+``--per-seed-json`` also writes both passes' numbers per method and seed with every comparison, the
+per-problem records left out.
 
-    python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies --publish experiments/remedies/results
-    python experiments/remedies/run.py --out runs/remedies --report-only --publish experiments/remedies/results
+    python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies --publish experiments/remedies/results \
+        --per-seed-json experiments/remedies/results.json
+    python experiments/remedies/run.py --out runs/remedies --report-only --publish experiments/remedies/results \
+        --per-seed-json experiments/remedies/results.json
 """
 
 from __future__ import annotations
@@ -450,6 +454,53 @@ def cpu_line(results: list[dict]) -> str:
     return "; ".join(f"{k} ({n} run{'s' * (n != 1)})" for k, n in sorted(kinds.items()))
 
 
+# what a reader needs per run; the per-problem records and curves stay in the published results.json
+PER_SEED_KEYS = ("heldout_pass1", "heldout_pass1_first", "heldout_problems", "heldout_by_level", "steps",
+                 "generated_tokens", "trained_samples", "generated_per_trained", "acr_start", "acr_raw",
+                 "acr_effective", "acr_all_wrong", "acr_all_right", "train_wall_min", "resumed", "cpu")  # fmt: skip
+
+
+def per_seed_summary(results: list[dict], summary: dict, first_pass: dict | None, budget: int, before: float) -> dict:
+    """Both passes' numbers per method and seed, with their paired comparisons (each pass's and the
+    pooled ones), in a file small enough to read: the study's answer without its per-problem
+    records. ``summary`` is the report's (second-pass comparisons); ``first_pass`` the first pass's
+    published results.json, whose comparisons were computed while its records existed."""
+
+    def block(runs: list[dict], comparisons: dict, m: str) -> dict:
+        rs = sorted((r for r in runs if r["method"] == m), key=lambda r: r["seed"])
+        rows = [{"seed": r["seed"], **{k: r[k] for k in PER_SEED_KEYS if k in r}} for r in rs]
+        vs = {k: v for k, v in comparisons.get(m, {}).items() if k.startswith("vs_")}
+        return {"seeds": len(rows), "target_seeds": MIN_SEEDS[m], "runs": rows, **vs}
+
+    def machine(runs: list[dict]) -> dict:  # every number names its CPU and precision
+        precisions = sorted({json.dumps(r.get("precision", {}), sort_keys=True) for r in runs})
+        return {"cpu": cpu_line(runs), "precision": [json.loads(p) for p in precisions]}
+
+    first_runs = first_pass["runs"] if first_pass else []
+    acc = {**first_set_pass1(first_runs, "first"), **first_set_pass1(results, "second")}
+    out = {
+        "budget_tokens": budget,
+        "second_pass": {
+            "before_pass1": before,
+            **machine(results),
+            "methods": {m: block(results, summary, m) for m in METHODS if m in summary},
+        },
+        "pooled_first_300": {
+            m: {f"vs_{b}": c for b in BASELINES if (c := pooled_compare(acc, m, b))}
+            for m in METHODS
+            if any(k[1] == m for k in acc)
+        },
+    }
+    if first_pass:
+        done = [m for m in METHODS if any(r["method"] == m for r in first_runs)]
+        out["first_pass"] = {
+            "before_pass1": first_pass.get("before_pass1"),
+            **machine(first_runs),
+            "methods": {m: block(first_runs, first_pass.get("summary", {}), m) for m in done},
+        }
+    return out
+
+
 def report(results: list[dict], before: float, out: Path, budget: int) -> str:
     methods = [m for m in METHODS if any(r["method"] == m for r in results)]
     lines = [
@@ -479,8 +530,9 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
         )
     lines += seed_and_level_tables(results, methods)
     lines += level_compare_table(results, methods)
-    if FIRST_PASS.exists():
-        lines += pooled_table(results, json.loads(FIRST_PASS.read_text())["runs"], methods)
+    first_pass = json.loads(FIRST_PASS.read_text()) if FIRST_PASS.exists() else None
+    if first_pass:
+        lines += pooled_table(results, first_pass["runs"], methods)
     greso = [r for r in results if r["greso"]]
     if greso:
         lines += ["", "| GRESO run | skipped / visited prompts | audited | false skips (mixed when audited) | p_easy, p_hard at the end |",
@@ -507,6 +559,7 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
                    for d in ("eval_before", "eval_before_extra") if (out / d / "summary.json").exists()}  # fmt: skip
     _write_json(out / "results.json", {"budget_tokens": budget, "before_pass1": before, "before_eval": before_eval,
                                        "summary": summary, "runs": runs})  # fmt: skip
+    _write_json(out / "per_seed.json", per_seed_summary(results, summary, first_pass, budget, before))
     plot(results, before, out / "remedies.png")
     return table
 
@@ -614,6 +667,8 @@ def main(argv=None) -> int:
     p.add_argument("--publish", help="the repository's results folder: results.md/json and the plot are written there "
                                      "after every finished run, and the runs it holds are not run again (a study "
                                      "resumes from it when the run folder is gone)")  # fmt: skip
+    p.add_argument("--per-seed-json", help="also write both passes' numbers per method and seed, with the paired "
+                                           "comparisons, to this file (no per-problem records: small enough to read)")  # fmt: skip
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -633,6 +688,8 @@ def main(argv=None) -> int:
             for name in ("results.md", "results.json", "remedies.png"):
                 if (out / name).exists():
                     shutil.copy(out / name, dest / name)
+        if args.per_seed_json and (out / "per_seed.json").exists():
+            shutil.copy(out / "per_seed.json", args.per_seed_json)
 
     if not args.report_only:
         from avspo_openrlhf.cpu.models import prepare
