@@ -454,6 +454,11 @@ def cpu_line(results: list[dict]) -> str:
     return "; ".join(f"{k} ({n} run{'s' * (n != 1)})" for k, n in sorted(kinds.items()))
 
 
+def precisions(results: list[dict]) -> list[dict]:
+    """The distinct per-stage precisions the runs recorded, each once."""
+    return [json.loads(p) for p in sorted({json.dumps(r.get("precision", {}), sort_keys=True) for r in results})]
+
+
 # what a reader needs per run; the per-problem records and curves stay in the published results.json
 PER_SEED_KEYS = ("heldout_pass1", "heldout_pass1_first", "heldout_problems", "heldout_by_level", "steps",
                  "generated_tokens", "trained_samples", "generated_per_trained", "acr_start", "acr_raw",
@@ -473,8 +478,7 @@ def per_seed_summary(results: list[dict], summary: dict, first_pass: dict | None
         return {"seeds": len(rows), "target_seeds": MIN_SEEDS[m], "runs": rows, **vs}
 
     def machine(runs: list[dict]) -> dict:  # every number names its CPU and precision
-        precisions = sorted({json.dumps(r.get("precision", {}), sort_keys=True) for r in runs})
-        return {"cpu": cpu_line(runs), "precision": [json.loads(p) for p in precisions]}
+        return {"cpu": cpu_line(runs), "precision": precisions(runs)}
 
     first_runs = first_pass["runs"] if first_pass else []
     acc = {**first_set_pass1(first_runs, "first"), **first_set_pass1(results, "second")}
@@ -543,11 +547,8 @@ def report(results: list[dict], before: float, out: Path, budget: int) -> str:
             lines.append(f"| {r['method']} seed {r['seed']} | {g.get('greso/skipped_cum', 0):.0f} / {visited:.0f} | "
                          f"{g.get('greso/audited_cum', 0):.0f} | {g.get('greso/false_skips_cum', 0):.0f} | "
                          f"{g.get('greso/p_easy', float('nan')):.2f}, {g.get('greso/p_hard', float('nan')):.2f} |")  # fmt: skip
-    precisions = sorted({json.dumps(r.get("precision", {}), sort_keys=True) for r in results})
-    for p in precisions:
-        lines.append(
-            "\nPrecision: " + ("; ".join(f"{k} {v}" for k, v in json.loads(p).items()) or "not recorded") + "."
-        )
+    for p in precisions(results):
+        lines.append("\nPrecision: " + ("; ".join(f"{k} {v}" for k, v in p.items()) or "not recorded") + ".")
     lines.append(f"\nCPU: {cpu_line(results)}. Runs resumed after a kill (wall time not comparable): "
                  f"{sum(r.get('resumed', False) for r in results)}.")  # fmt: skip
     table = "\n".join(lines) + "\n"
