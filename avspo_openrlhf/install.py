@@ -13,7 +13,7 @@ listed in :func:`_replacements` and applied only by :func:`installed`:
 - ``cpu``: the CUDA-only calls on OpenRLHF's DeepSpeed actor path (the device mesh,
   ``torch.cuda.set_device``/``synchronize``/``current_device``, the replay buffer's ``cuda:N``
   device, the ``fp32`` dtype name); the replacements are in ``cpu/cuda_shims.py``. Applied in
-  every Ray worker of ``--backend cpu`` for that process's life (:func:`install_cpu_worker`) and
+  every Ray worker of ``--backend cpu`` for that process's life (``cpu/worker.py``) and
   by CPU tests in a ``with`` block. Never on a GPU machine.
 
 Besides the list: one nested replacement (``cuda_shims.NESTED_REPLACEMENTS``: ``torch.cuda.current_device``
@@ -55,15 +55,15 @@ def _replacements(*, trainers: bool, cpu: bool, on_ray_started=None) -> list:
         from openrlhf.cli import train_ppo_ray
         from openrlhf.trainer import ppo_trainer, ppo_trainer_async
 
-        from avspo_openrlhf.trainer.actors import AVSPOPolicyModelActor
-        from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
+        from avspo_openrlhf.trainer.actors import RemedyPolicyModelActor
+        from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, RemedyPPOTrainerAsync
 
         out += [
             # imported at the module's top, used in train(args): a policy actor that also answers
             # token_entropy (RL-ZVP)
-            Swap(train_ppo_ray, "PolicyModelActor", AVSPOPolicyModelActor),
-            Swap(ppo_trainer, "PPOTrainer", AVSPOPPOTrainer),
-            Swap(ppo_trainer_async, "PPOTrainerAsync", AVSPOPPOTrainerAsync),
+            Swap(train_ppo_ray, "PolicyModelActor", RemedyPolicyModelActor),
+            Swap(ppo_trainer, "PPOTrainer", RemedyPPOTrainer),
+            Swap(ppo_trainer_async, "PPOTrainerAsync", RemedyPPOTrainerAsync),
             # imported at the module's top, called in train(args): checkpoints that survive a kill
             Swap(train_ppo_ray, "get_strategy", _strategy_factory(on_ray_started)),
         ]
@@ -82,13 +82,3 @@ def installed(*, trainers: bool = False, cpu: bool = False, on_ray_started=None)
             stack.enter_context(p)
         yield
 
-
-def install_cpu_worker() -> None:
-    """Ray ``worker_process_setup_hook`` of the CPU backend: stand-ins for the GPU-only modules
-    (``cpu/compat.py``), then the ``cpu`` replacements for the rest of this worker process. This
-    module imports nothing heavy at top, so the hook runs before OpenRLHF is imported."""
-    from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
-
-    install_gpu_module_stubs()
-    for p in _replacements(trainers=False, cpu=True):
-        p.start()  # a worker process lives for one run: never restored

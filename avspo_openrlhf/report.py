@@ -134,7 +134,7 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
 
 
 PANELS = [
-    ("ACR by view", [("acr", "raw (correctness)"), ("acr_shaped", "shaped"), ("acr_effective", "effective (after AVSPO)"),
+    ("ACR by view", [("acr", "raw (correctness)"), ("acr_shaped", "shaped"), ("acr_effective", "effective (after the remedy)"),
                      ("acr_gate", "ACR_gate (smoothed)")]),
     ("ACR split", [("acr_all_wrong", "all-wrong"), ("acr_all_right", "all-right")]),
     ("reward", [("rollout/reward_mean", "mean reward")]),

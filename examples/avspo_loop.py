@@ -1,10 +1,11 @@
-"""AVSPO in one file: generate -> reward -> AVSPOController.step -> policy loss -> optimizer.step().
+"""AVSPO in one file: generate -> reward -> CollapseController.step -> policy loss -> optimizer.step().
 
 Plain torch + transformers (no Ray, DeepSpeed or vLLM): the same algorithm objects `avspo-train`
 runs inside OpenRLHF, on a loop you can read in one sitting. The math is in docs/algorithm.md.
 
     python examples/avspo_loop.py                              # tiny random model, 4 steps, seconds
     python examples/avspo_loop.py --model smollm2 --steps 20   # SmolLM2-135M-Instruct learns arithmetic
+    python examples/avspo_loop.py --remedy ngrpo               # any registered estimator (grpo, sign, ...)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import tempfile
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from avspo_openrlhf.algo.controller import AVSPOController
+from avspo_openrlhf.algo import ESTIMATORS, ACRConfig, CollapseController
 from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
 from avspo_openrlhf.rewards.arith_reward import score_arith
 
@@ -70,14 +71,16 @@ def main(argv: list[str] | None = None) -> dict:
         "--ppo-epochs", type=int, default=2, help="updates per batch (the ratio moves off 1 after the first)"
     )
     p.add_argument("--seed", type=int, default=0)
+    group = sorted(n for n, e in ESTIMATORS.items() if e.token_fn is None)  # RL-ZVP needs token entropies
+    p.add_argument("--remedy", default="avspo", choices=group, help="the advantage estimator (default: AVSPO)")
     args = p.parse_args(argv)
     torch.manual_seed(args.seed)
 
     policy, tok = load(args.model)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
-    # the paper's defaults; tau_init 0.25 opens the gate on this small task (docs/algorithm.md#gate)
-    controller = AVSPOController(enable=True, strategy="stratified", alpha=0.5, tau_init=0.25,
-                                 tracker={"window": 5}, seed=args.seed)  # fmt: skip
+    # the paper's AVSPO defaults (AVSPOConfig()); tau_init 0.25 opens the gate on this small task
+    # (docs/algorithm.md#gate), a 5-step window smooths ACR_gate
+    controller = CollapseController(args.remedy, acr=ACRConfig(tau_init=0.25, window=5), seed=args.seed)
     data = synthetic_arithmetic(args.steps * args.prompts, ["add1", "mul1"], seed=args.seed)
     start = [w.detach().clone() for w in policy.parameters()]
     history = []

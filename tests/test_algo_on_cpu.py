@@ -11,7 +11,9 @@ from avspo_openrlhf.algo import (
     VIRTUAL_STRATEGIES,
     ACRTracker,
     AdaptiveThreshold,
+    AVSPOConfig,
     EntropyCollapseMonitor,
+    GRPOConfig,
     KLDriftMonitor,
     collapse_stats,
     dynamic_sampling_keep_mask,
@@ -70,7 +72,7 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="unknown estimator"):
         group_advantages(torch.zeros(2, 2), "ppo")
     with pytest.raises(ValueError, match="unknown virtual strategy"):
-        group_advantages(torch.zeros(2, 2), "avspo", acr_gate=1.0, strategy="nope")
+        group_advantages(torch.zeros(2, 2), "avspo", AVSPOConfig(strategy="nope"), acr_gate=1.0)
 
 
 def test_empty_batch_is_defined():
@@ -87,7 +89,7 @@ def test_group_size_one():
     adv, info = group_advantages(r, "avspo", tau_adapt=0.5)  # gate = batch ACR = 1
     assert adv[0, 0] > 0 > adv[1, 0] and info["num_virtual_k"] == 1
     with pytest.raises(ValueError, match="G >= 2"):
-        group_advantages(r, "grpo", std="unbiased")
+        group_advantages(r, "grpo", GRPOConfig(std_convention="unbiased"))
 
 
 def test_dynamic_sampling_keep_mask_on_std():
@@ -135,7 +137,9 @@ def test_other_strategy_values():
 @pytest.mark.parametrize("g", [2, 4, 8, 16])
 def test_opposite_unbiased_closed_form(g):
     r = torch.tensor([[1.0] * g, [0.0] * g])
-    adv, info = group_advantages(r, "avspo", std="unbiased", acr_gate=1.0, strategy="opposite", eps=0.0)
+    adv, info = group_advantages(
+        r, "avspo", AVSPOConfig(std_convention="unbiased", strategy="opposite", eps=0.0), acr_gate=1.0
+    )
     expected = 1 / math.sqrt(g + 1)  # G=8: 1/3
     assert torch.allclose(adv[0], torch.full((g,), expected), atol=1e-6)
     assert torch.allclose(adv[1], torch.full((g,), -expected), atol=1e-6)
@@ -164,9 +168,9 @@ def test_advantage_bound_sqrt_k_over_g(strategy, g):
         adv, info = group_advantages(
             r,
             "avspo",
+            AVSPOConfig(strategy=strategy),
             acr_gate=gate_for_k(k, g),
             tau_adapt=0.0,
-            strategy=strategy,
             generator=torch.Generator().manual_seed(k),
         )
         kk = info["num_virtual_k"]
@@ -189,9 +193,11 @@ def random_batch(n, g, seed, collapsed_frac=0.4, binary=True):
 @pytest.mark.parametrize("strategy", sorted(VIRTUAL_STRATEGIES))
 def test_gate_closed_is_grpo_bit_for_bit(std, strategy):
     r = random_batch(257, 8, seed=1)
-    grpo, _ = group_advantages(r, "grpo", std=std)
+    grpo, _ = group_advantages(r, "grpo", GRPOConfig(std_convention=std))
     for gate, tau in [(0.3, 0.5), (0.5, 0.5), (0.0, 0.1)]:  # acr_gate <= tau_adapt: closed
-        avspo, info = group_advantages(r, "avspo", std=std, acr_gate=gate, tau_adapt=tau, strategy=strategy)
+        avspo, info = group_advantages(
+            r, "avspo", AVSPOConfig(std_convention=std, strategy=strategy), acr_gate=gate, tau_adapt=tau
+        )
         assert not info["gate_open"] and torch.equal(avspo, grpo)
         assert info["num_virtual"].sum() == 0 and info["acr_effective"] == info["acr"]
 
@@ -203,12 +209,14 @@ def test_mixed_batch_matches_naive_reference(std, strategy):
     r = random_batch(300, 8, seed=2)
     correction = 1 if std == "unbiased" else 0
     gen, ref_gen = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    adv, info = group_advantages(r, "avspo", std=std, acr_gate=0.6, tau_adapt=0.5, strategy=strategy, generator=gen)
+    adv, info = group_advantages(
+        r, "avspo", AVSPOConfig(std_convention=std, strategy=strategy), acr_gate=0.6, tau_adapt=0.5, generator=gen
+    )
     stats = info["stats"]
     k = info["num_virtual_k"]
     assert k == num_virtual(8, 0.6, strategy=strategy)
     assert stats.num_all_right > 0 and stats.num_all_wrong > 0 and not stats.collapsed.all()
-    grpo, _ = group_advantages(r, "grpo", std=std)
+    grpo, _ = group_advantages(r, "grpo", GRPOConfig(std_convention=std))
     coll = stats.collapsed
     assert torch.equal(adv[~coll], grpo[~coll])  # non-collapsed groups are untouched, bit for bit
     v = virtual_rewards(r.mean(1), stats.all_right, k, strategy, generator=ref_gen)
@@ -224,8 +232,8 @@ def test_fast_path_equals_general_path(strategy):
     """A group inside the range forces the general path; the lo/hi groups must not change."""
     r = random_batch(64, 8, seed=3)
     extra = torch.full((1, 8), 0.25)  # constant at an interior value: 'other'
-    fast, _ = group_advantages(r, "avspo", acr_gate=0.7, strategy=strategy)
-    general, info = group_advantages(torch.cat([r, extra]), "avspo", acr_gate=0.7, strategy=strategy)
+    fast, _ = group_advantages(r, "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.7)
+    general, info = group_advantages(torch.cat([r, extra]), "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.7)
     assert info["stats"].acr_other > 0
     assert torch.allclose(fast, general[:-1], atol=1e-6)
 
@@ -247,7 +255,7 @@ def test_non_binary_rewards_and_custom_range():
 def test_fixed_partial_cannot_lift_a_midpoint_group():
     """A group constant at the range midpoint stays collapsed under fixed_partial: effective ACR sees it."""
     r = torch.tensor([[0.5] * 4, [1.0] * 4, [0.0, 1.0, 0.0, 1.0]])
-    adv, info = group_advantages(r, "avspo", acr_gate=0.9, strategy="fixed_partial")
+    adv, info = group_advantages(r, "avspo", AVSPOConfig(strategy="fixed_partial"), acr_gate=0.9)
     assert torch.equal(adv[0], torch.zeros(4)) and info["acr_effective"] == pytest.approx(1 / 3)
     assert info["acr"] == pytest.approx(2 / 3)
 
@@ -267,13 +275,13 @@ def test_dr_grpo_centres_only():
 def test_random_uniform_is_seeded():
     r = random_batch(50, 8, seed=4)
     a, _ = group_advantages(
-        r, "avspo", acr_gate=0.8, strategy="random_uniform", generator=torch.Generator().manual_seed(0)
+        r, "avspo", AVSPOConfig(strategy="random_uniform"), acr_gate=0.8, generator=torch.Generator().manual_seed(0)
     )
     b, _ = group_advantages(
-        r, "avspo", acr_gate=0.8, strategy="random_uniform", generator=torch.Generator().manual_seed(0)
+        r, "avspo", AVSPOConfig(strategy="random_uniform"), acr_gate=0.8, generator=torch.Generator().manual_seed(0)
     )
     c, _ = group_advantages(
-        r, "avspo", acr_gate=0.8, strategy="random_uniform", generator=torch.Generator().manual_seed(1)
+        r, "avspo", AVSPOConfig(strategy="random_uniform"), acr_gate=0.8, generator=torch.Generator().manual_seed(1)
     )
     assert torch.equal(a, b) and not torch.equal(a, c)
 
@@ -400,16 +408,20 @@ def test_range_ends_match_despite_float32_rounding():
 
 @pytest.mark.parametrize("strategy", ["stratified", "fixed_partial", "exp_decay", "random_uniform"])
 @pytest.mark.parametrize("k", [1, 4, 8])
-def test_fixed_k_equals_the_k_rule_at_the_same_k(strategy, k):
+def test_fixed_num_virtual_equals_the_k_rule_at_the_same_k(strategy, k):
     """--avspo.num_virtual K: the paper's fixed-K ablation is the K rule's result at that K."""
     r = random_batch(200, 8, seed=5)
     gen_a, gen_b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a, ia = group_advantages(r, "avspo", acr_gate=0.9, tau_adapt=0.1, strategy=strategy, fixed_k=k, generator=gen_a)
-    b, ib = group_advantages(r, "avspo", acr_gate=gate_for_k(k, 8), tau_adapt=0.0, strategy=strategy, generator=gen_b)
+    a, ia = group_advantages(
+        r, "avspo", AVSPOConfig(strategy=strategy, num_virtual=k), acr_gate=0.9, tau_adapt=0.1, generator=gen_a
+    )
+    b, ib = group_advantages(
+        r, "avspo", AVSPOConfig(strategy=strategy), acr_gate=gate_for_k(k, 8), tau_adapt=0.0, generator=gen_b
+    )
     assert ia["num_virtual_k"] == ib["num_virtual_k"] == k
     assert torch.equal(a, b)
-    with pytest.raises(ValueError, match="fixed_k"):
-        group_advantages(r, "avspo", acr_gate=0.9, fixed_k=0)
+    with pytest.raises(ValueError, match="num_virtual"):
+        group_advantages(r, "avspo", AVSPOConfig(num_virtual=0), acr_gate=0.9)
 
 
 @pytest.mark.parametrize("strategy", ["stratified", "random_uniform"])
@@ -417,11 +429,12 @@ def test_fix_groups_augments_only_the_chosen_collapsed_groups(strategy):
     """--avspo.fix_groups all_wrong / all_right: the paper's mechanism isolation. The chosen kind gets
     exactly full AVSPO's advantages; the other kind keeps GRPO's zeros; mixed groups are untouched."""
     r = torch.cat([random_batch(120, 8, seed=6), torch.full((1, 8), 0.25)])  # + an 'other' constant group
-    full, _ = group_advantages(r, "avspo", acr_gate=0.6, strategy=strategy, generator=torch.Generator().manual_seed(1))
+    full, _ = group_advantages(
+        r, "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.6, generator=torch.Generator().manual_seed(1)
+    )
     grpo, _ = group_advantages(r, "grpo")
     for fix, kind in [("all_wrong", "wrong"), ("all_right", "right")]:
-        adv, info = group_advantages(r, "avspo", acr_gate=0.6, strategy=strategy, fix_groups=fix,
-                                     generator=torch.Generator().manual_seed(1))  # fmt: skip
+        adv, info = group_advantages(r, "avspo", AVSPOConfig(strategy=strategy, fix_groups=fix), acr_gate=0.6, generator=torch.Generator().manual_seed(1))  # fmt: skip
         s = info["stats"]
         chosen = s.all_right if kind == "right" else s.collapsed & ~s.all_right  # 'other' counts as all-wrong
         other = s.collapsed & ~chosen
@@ -431,7 +444,7 @@ def test_fix_groups_augments_only_the_chosen_collapsed_groups(strategy):
         assert info["num_virtual"][other].sum() == 0 and (info["num_virtual"][chosen] == info["num_virtual_k"]).all()
         assert info["acr_effective"] == pytest.approx(int(other.sum()) / r.shape[0])
     with pytest.raises(ValueError, match="fix_groups"):
-        group_advantages(r, "avspo", fix_groups="neither")
+        group_advantages(r, "avspo", AVSPOConfig(fix_groups="neither"))
 
 
 def test_registries_refuse_a_duplicate_name():
@@ -450,7 +463,8 @@ def test_every_strategy_matches_cpu_on_cuda(strategy):
     """CUDA rewards with the controller's CPU generator (random_uniform used to raise "Expected a
     'cuda' device type for generator"); the same seed gives the CPU values."""
     r = random_batch(300, 8, seed=4)
-    cpu, _ = group_advantages(r, "avspo", acr_gate=0.6, strategy=strategy, generator=torch.Generator().manual_seed(2))
-    gpu, _ = group_advantages(r.cuda(), "avspo", acr_gate=0.6, strategy=strategy,
-                              generator=torch.Generator().manual_seed(2))  # fmt: skip
+    cpu, _ = group_advantages(
+        r, "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.6, generator=torch.Generator().manual_seed(2)
+    )
+    gpu, _ = group_advantages(r.cuda(), "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.6, generator=torch.Generator().manual_seed(2))  # fmt: skip
     assert gpu.device.type == "cuda" and torch.allclose(gpu.cpu(), cpu, atol=2e-6)

@@ -1,6 +1,7 @@
 """One home per default: the algorithm's options (algo/options.py) are the only place a default of
-the pure math is written; the functions take theirs from there, the controller is built from them
-field by field, and the README's flag table is generated from the parser that prints ``--help``."""
+the pure math is written; the functions take theirs from there, the controller and every estimator
+read every field of their configs (checked by behaviour), and the flag table is generated from the
+parser that prints ``--help``."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from avspo_openrlhf.algo import options
 ROOT = Path(__file__).resolve().parents[1]
 ALGO = ROOT / "avspo_openrlhf" / "algo"
 OPTION_CLASSES = [options.ACRConfig, options.AVSPOConfig, options.MonitorConfig, options.NGRPOConfig,
-                  options.RLZVPConfig, options.GRESOConfig]  # fmt: skip
+                  options.RLZVPConfig, options.SignConfig, options.GRPOConfig, options.GRESOConfig]  # fmt: skip
 FIELD_NAMES = {f.name for c in OPTION_CLASSES for f in dataclasses.fields(c)} - {"seed", "enable"}
 # parameter names of algo/ that mean an option under another name
-ALIASES = {"fixed_k", "tau_adapt", "bounds", "threshold", "patience", "ema_decay", "tau_bounds"}
+ALIASES = {"tau_adapt", "bounds", "threshold", "patience", "ema_decay", "tau_bounds"}
 
 
 def _literal(node) -> bool:
@@ -54,60 +55,141 @@ def test_the_check_sees_a_literal_default(tmp_path):
 
 
 def test_algorithm_defaults_equal_the_options():
-    from avspo_openrlhf.algo import ACRTracker, AdaptiveThreshold, GRESOSelector, group_advantages
-    from avspo_openrlhf.algo.controller import AVSPOController
+    from avspo_openrlhf.algo import ESTIMATORS, ACRTracker, AdaptiveThreshold, GRESOSelector, group_advantages
 
-    acr, av, mon, ng, gr = options.ACRConfig(), options.AVSPOConfig(), options.MonitorConfig(), options.NGRPOConfig(), options.GRESOConfig()  # fmt: skip
+    acr, gr = options.ACRConfig(), options.GRESOConfig()
 
     def defaults(fn):
         return {k: p.default for k, p in inspect.signature(fn).parameters.items() if p.default is not p.empty}
 
     ga = defaults(group_advantages)
-    assert ga["alpha"] == av.alpha and ga["strategy"] == av.strategy and ga["std"] == av.std and ga["eps"] == av.eps
-    assert ga["tau_adapt"] == av.tau_init and ga["tol"] == acr.tol and ga["num_max"] == ng.num_max
+    assert ga["tau_adapt"] == acr.tau_init and ga["tol"] == acr.tol and ga["reward_range"] == acr.reward_range
     assert defaults(ACRTracker) == {f: getattr(acr, f) for f in defaults(ACRTracker)}
     th = defaults(AdaptiveThreshold)
     assert (th["tau_init"], th["eta"], th["bounds"], th["ema_decay"]) == (
-        av.tau_init,
-        av.eta,
-        av.tau_bounds,
-        av.reward_ema_decay,
+        acr.tau_init,
+        acr.eta,
+        acr.tau_bounds,
+        acr.reward_ema_decay,
     )
     g = defaults(GRESOSelector)
     assert all(g[f] == getattr(gr, f) for f in ("p_easy", "p_hard", "target_easy", "target_hard", "delta", "p_bounds"))
-    c = defaults(AVSPOController.__init__)
-    assert c["entropy_threshold"] == mon.entropy_threshold and c["kl_bound"] == mon.kl_bound and c["alpha"] == av.alpha
+    # every remedy is one registry entry plus one config: its flag group (when it has one) is that config
+    from avspo_openrlhf.trainer.config import GROUPS, REMEDIES
+
+    assert set(REMEDIES) <= set(ESTIMATORS)
+    assert all(GROUPS[name][1] is ESTIMATORS[name].config for name in REMEDIES)
 
 
-def test_the_controller_is_built_from_the_options_field_by_field():
-    from avspo_openrlhf.algo.controller import AVSPOController
-
-    acr = options.ACRConfig(window=7, smoothing="ema", ema_decay=0.5, gate_view="shaped", reward_range=(-1.0, 1.0))
-    av = options.AVSPOConfig(enable=True, alpha=0.25, num_virtual=3, tau_init=0.3, tau_bounds=(0.2, 0.8), eta=0.0)
-    mon = options.MonitorConfig(disable_entropy=True, kl_bound=0.2, kl_patience=4)
-    ng = options.NGRPOConfig(num_max=2)
-    c = AVSPOController.from_config(acr, av, mon, ng, seed=5)
-    assert c.estimator == "avspo" and c.gate_view == "shaped" and c.reward_range == (-1.0, 1.0)
-    assert c.tracker.recent.maxlen == 7 and c.tracker.smoothing == "ema" and c.tracker.ema_decay == 0.5
-    assert c.adv_kwargs["alpha"] == 0.25 and c.adv_kwargs["fixed_k"] == 3
-    assert c.threshold.tau == 0.3 and c.threshold.bounds == (0.2, 0.8) and c.threshold.eta == 0.0
-    assert c.entropy is None and c.kl.threshold == 0.2 and c.kl.patience == 4 and c.ngrpo_kwargs["num_max"] == 2
-    # every field of the three groups is read by from_config (a new field must be wired or fail here)
-    src = inspect.getsource(AVSPOController.from_config)
-    for cls, name in [(options.ACRConfig, "acr"), (options.AVSPOConfig, "avspo"), (options.MonitorConfig, "monitor"),
-                      (options.NGRPOConfig, "ngrpo")]:  # fmt: skip
-        unused = {f.name for f in dataclasses.fields(cls) if f"{name}.{f.name}" not in src}
-        trainer_reads = {"seed", "enable", "kl_source", "stop_on_alarm"}  # the trainer's (trainer/trainers.py)
-        assert unused <= trainer_reads, f"{cls.__name__} fields not passed to the controller: {sorted(unused)}"
+BATCH = [[1.0] * 8, [0.0] * 8, [1.0, 0.0] * 4, [1.0] * 6 + [0.0] * 2, [0.25] * 8]
 
 
-def test_readme_flag_table_is_the_generated_one():
+def _run(estimator, acr=None, monitor=None, config=None, steps=3):
+    """Everything a controller produces over a few batches: metrics, advantages, monitor alarms, state."""
+    import json
+
+    import torch
+
+    from avspo_openrlhf.algo import CollapseController
+
+    c = CollapseController(estimator, config, acr=acr, monitor=monitor, seed=1)
+    out = []
+    for i in range(steps):
+        raw = torch.tensor(BATCH[: 3 + i % 3])
+        adv, m = c.step(raw, raw * 0.5)
+        out.append((m, adv.tolist() if adv is not None else None, c.after_train({"entropy_loss": 1.0, "kl": 0.05})))
+    return json.dumps([out, c.state_dict()], sort_keys=True, default=str)
+
+
+# a valid non-default value for every field the controller reads; each one must change its output
+ACR_CHANGES = dict(tol=0.3, reward_range=(-1.0, 1.0), smoothing="ema", window=1, ema_decay=0.1, gate_view="shaped",
+                   early_steps=1, stall_threshold=0.0, stall_patience=0, volatility_window=2, volatility_threshold=0.0,
+                   tau_init=0.2, eta=0.5, tau_bounds=(0.0, 1.0), reward_ema_decay=0.0)  # fmt: skip
+MONITOR_CHANGES = dict(entropy_threshold=5.0, entropy_patience=0, disable_entropy=True, kl_bound=0.01, kl_patience=0)
+TRAINER_READS = {"kl_source", "stop_on_alarm"}  # the trainer's (trainer/trainers.py)
+
+
+def test_every_acr_and_monitor_field_changes_what_the_controller_does():
+    """Behaviour, not source text: a field the controller ignored would leave its output unchanged."""
+    assert set(ACR_CHANGES) == {f.name for f in dataclasses.fields(options.ACRConfig)}
+    assert set(MONITOR_CHANGES) | TRAINER_READS == {f.name for f in dataclasses.fields(options.MonitorConfig)}
+    base = _run("avspo")
+    for name, value in ACR_CHANGES.items():
+        assert _run("avspo", acr=options.ACRConfig(**{name: value})) != base, f"--acr.{name} changes nothing"
+    for name, value in MONITOR_CHANGES.items():
+        base_mon = {"kl_bound": 0.01} if name == "kl_patience" else {}  # the patience of an alarm that is on
+        a = _run("avspo", monitor=options.MonitorConfig(**base_mon))
+        assert _run("avspo", monitor=options.MonitorConfig(**base_mon, **{name: value})) != a, f"--monitor.{name}"
+
+
+def _changed(f: dataclasses.Field, value):
+    if isinstance(value, bool):
+        return not value
+    if "choices" in f.metadata:
+        return next(c for c in f.metadata["choices"] if c != value)
+    if f.name == "num_virtual" or f.name == "num_max":
+        return 3
+    return value * 3 if value > 1e-4 else value + 1e-3  # a tiny eps tripled is below float32 resolution
+
+
+# fields whose effect needs another field set: (estimator, field) -> (config base, acr_gate)
+NEEDS = {("avspo", "gamma"): ({"strategy": "exp_decay"}, 0.9), ("ngrpo", "gated"): ({}, 0.2)}
+
+
+def test_every_estimator_reads_every_field_of_its_own_config():
+    import torch
+
+    from avspo_openrlhf.algo import ESTIMATORS, group_advantages
+
+    r = torch.tensor(BATCH)
+    h, mask, sign = (
+        torch.rand(5, 6, generator=torch.Generator().manual_seed(0)),
+        torch.ones(5, 6),
+        torch.tensor([1, -1, 0, 0, -1]),
+    )
+
+    def out(name, cfg, gate):
+        adv, _ = group_advantages(
+            r, name, cfg, acr_gate=gate, tau_adapt=0.5, generator=torch.Generator().manual_seed(0)
+        )
+        e = ESTIMATORS[name]
+        return adv, e.token_fn(h, mask, sign, cfg) if e.token_fn else None
+
+    checked = 0
+    for name, e in ESTIMATORS.items():
+        for f in dataclasses.fields(e.config) if e.config else ():
+            if f.name in ("enable", "seed"):  # the flag that picks the remedy; the trainer's seed
+                continue
+            extra, gate = NEEDS.get((name, f.name), ({}, 0.9))
+            base = e.config(**extra)
+            a = out(name, base, gate)
+            b = out(name, dataclasses.replace(base, **{f.name: _changed(f, getattr(base, f.name))}), gate)
+            same = torch.equal(a[0], b[0]) and (a[1] is None or torch.equal(a[1], b[1]))
+            assert not same, f"{name}: {f.name} changes no advantage"
+            checked += 1
+    assert checked >= 15
+
+
+def test_a_config_of_another_remedy_is_refused():
+    import torch
+
+    from avspo_openrlhf.algo import AVSPOConfig, CollapseController, NGRPOConfig, group_advantages
+
+    with pytest.raises(TypeError, match="takes a NGRPOConfig config, got AVSPOConfig"):
+        group_advantages(torch.zeros(2, 4), "ngrpo", AVSPOConfig())
+    with pytest.raises(TypeError, match="got NGRPOConfig"):
+        CollapseController("avspo", NGRPOConfig())
+    with pytest.raises(ValueError, match="unknown estimator 'ppo'"):
+        CollapseController("ppo")
+
+
+def test_docs_flag_table_is_the_generated_one():
     from avspo_openrlhf.cli.train import flag_table
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "flags.md").read_text(encoding="utf-8")
     table = text.split("<!-- flag-table:", 1)[1].split("-->\n", 1)[1].split("<!-- /flag-table -->", 1)[0]
     assert table == flag_table(), (
-        "README's flag table differs from --help; regenerate it with "
+        "docs/flags.md's flag table differs from --help; regenerate it with "
         "python -c 'from avspo_openrlhf.cli.train import flag_table; print(flag_table())'"
     )
 

@@ -18,7 +18,7 @@ from openrlhf.utils import get_strategy  # noqa: E402
 
 from avspo_openrlhf.cpu.tiny import build_tiny_model  # noqa: E402
 from avspo_openrlhf.install import installed  # noqa: E402
-from avspo_openrlhf.trainer.experience_maker import AVSPOExperienceMaker  # noqa: E402
+from avspo_openrlhf.trainer.experience_maker import RemedyExperienceMaker  # noqa: E402
 from avspo_openrlhf.trainer.trainers import STATE_KEY  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -45,7 +45,7 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         "--actor.model_name_or_path", model, "--ds.zero_stage", "2", "--ds.attn_implementation", "eager",
         "--rollout.n_samples_per_prompt", str(g), "--rollout.batch_size", str(n), "--rollout.micro_batch_size", "4",
         "--train.batch_size", "8", "--train.micro_batch_size", "4", "--data.max_len", "64",
-        "--avspo.enable", "--acr.window", "1", "--avspo.tau_init", "0.1",
+        "--avspo.enable", "--acr.window", "1", "--acr.tau_init", "0.1",
         "--algo.kl.use_loss", "--algo.kl.estimator", "k3", "--algo.kl.init_coef", "0.01",
         "--actor.eps_clip_low_high", "0.2", "0.28", "--actor.loss_agg_mode", "token-mean",
         "--backend", "cpu", "--cpu.dtype", cpu_dtype,
@@ -60,7 +60,7 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         want = {"bf16": torch.bfloat16, "fp32": torch.float32}[cpu_dtype]
         assert {p.dtype for p in actor.actor.model.parameters()} == {want}
         assert actor.actor.model.bfloat16_enabled() == (cpu_dtype == "bf16")  # DeepSpeed's engine
-        maker = make_maker(args, AVSPOExperienceMaker, kl_coef=0.0)
+        maker = make_maker(args, RemedyExperienceMaker, kl_coef=0.0)
         exps = maker.split_rollout_samples(rollout_samples(rewards))
         for e in exps:  # what make_experience attaches: current and reference log-probs
             logp = actor.forward(e.sequences, e.action_mask, e.attention_mask)
@@ -88,7 +88,7 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
     assert loaded["global_step"] == 1
     assert json.dumps(loaded[STATE_KEY], sort_keys=True) == json.dumps(state, sort_keys=True)
 
-    resumed = make_maker(copy.deepcopy(args), AVSPOExperienceMaker)
+    resumed = make_maker(copy.deepcopy(args), RemedyExperienceMaker)
     resumed.controller.load_state_dict(loaded[STATE_KEY]["controller"])
     nxt = torch.tensor([[0.0, 0, 0, 0], [1, 1, 1, 1]])
     a1, m1 = maker.controller.step(nxt)

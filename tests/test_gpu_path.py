@@ -173,10 +173,10 @@ def _trainer(cls_name: str):
 
 def _check_trainer_parts(trainer_instance, args_expected):
     from avspo_openrlhf.trainer.checkpoint import CrashSafeStrategy
-    from avspo_openrlhf.trainer.experience_maker import AVSPOExperienceMaker
-    from avspo_openrlhf.trainer.samples import AVSPOSamplesGenerator
+    from avspo_openrlhf.trainer.experience_maker import RemedyExperienceMaker
+    from avspo_openrlhf.trainer.samples import RemedySamplesGenerator
 
-    assert type(trainer_instance.experience_maker) is AVSPOExperienceMaker
+    assert type(trainer_instance.experience_maker) is RemedyExperienceMaker
     assert isinstance(trainer_instance.strategy, CrashSafeStrategy)
     a = trainer_instance.strategy.args
     for dotted, value in args_expected.items():
@@ -185,7 +185,7 @@ def _check_trainer_parts(trainer_instance, args_expected):
             obj = getattr(obj, part)
         assert obj == value, dotted
     assert trainer_instance.controller.estimator == "avspo" and trainer_instance.controller.tracker.recent.maxlen == 25
-    return AVSPOSamplesGenerator
+    return RemedySamplesGenerator
 
 
 EXPECTED = {"avspo.enable": True, "avspo.strategy": "stratified", "acr.window": 25, "rollout.n_samples_per_prompt": 8,
@@ -194,7 +194,7 @@ EXPECTED = {"avspo.enable": True, "avspo.strategy": "stratified", "acr.window": 
 
 def test_sync_gpu_command_builds_our_trainer_inside_openrlhfs_train(fake_process_boundary, gpu_argv):
     from avspo_openrlhf.cli.train import run
-    from avspo_openrlhf.trainer.actors import AVSPOPolicyModelActor
+    from avspo_openrlhf.trainer.actors import RemedyPolicyModelActor
 
     run(gpu_argv)
     t = _trainer("_PPOTrainer")  # ours: a subclass of OpenRLHF's PPOTrainer actor class
@@ -204,7 +204,7 @@ def test_sync_gpu_command_builds_our_trainer_inside_openrlhfs_train(fake_process
     assert t.instance.samples_generator.vllm_engines == fake_process_boundary  # the engines train() created
     assert t.instance.strategy.args.train.colocate_all  # the README's colocated layout reached the trainer
     policy = FakeGroup.created[0]
-    assert policy.ray_actor_type is AVSPOPolicyModelActor and policy.size == 8
+    assert policy.ray_actor_type is RemedyPolicyModelActor and policy.size == 8
     assert "async_init_model_from_pretrained" in policy.calls and "async_save_model" in policy.calls
 
 

@@ -277,13 +277,13 @@ def test_every_config_parses_with_the_real_parser(path):
         assert args.algo.kl.use_loss and args.algo.kl.estimator == "k3" and args.reward.overlong_buffer_len == 256
     else:
         assert args.actor.eps_clip == 0.2 and args.algo.kl.init_coef == 0
-    ctrl = build_controller(args).adv_kwargs  # the flags reach the algorithm
+    ctrl = build_controller(args)  # the flags reach the algorithm
     if "_k-fixed-" in name:
-        assert args.avspo.num_virtual == ctrl["fixed_k"] == int(name.rsplit("-", 1)[1])
+        assert args.avspo.num_virtual == ctrl.config.num_virtual == int(name.rsplit("-", 1)[1])
     if "_tau-fixed-" in name:
-        assert args.avspo.eta == 0 and args.avspo.tau_init == float(name.rsplit("-", 1)[1])
+        assert args.acr.eta == ctrl.threshold.eta == 0 and args.acr.tau_init == float(name.rsplit("-", 1)[1])
     if "_fix-only-" in name:
-        assert args.avspo.fix_groups == ctrl["fix_groups"] == name.split("fix-only-")[1].replace("-", "_")
+        assert args.avspo.fix_groups == ctrl.config.fix_groups == name.split("fix-only-")[1].replace("-", "_")
     if "_alpha-" in name:
         assert args.avspo.alpha == float(name.rsplit("-", 1)[1])
     if "_strategy-" in name:

@@ -14,8 +14,8 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("openrlhf")
 
 from avspo_openrlhf.rewards import openrlhf_reward  # noqa: E402
-from avspo_openrlhf.trainer.samples import AVSPOSamplesGenerator  # noqa: E402
-from avspo_openrlhf.trainer.trainers import SKIPPED, AsyncCoordinator, AVSPOTrainerMixin  # noqa: E402
+from avspo_openrlhf.trainer.samples import RemedySamplesGenerator  # noqa: E402
+from avspo_openrlhf.trainer.trainers import SKIPPED, AsyncCoordinator, RemedyTrainerMixin  # noqa: E402
 
 REWARD_FILE = openrlhf_reward.__file__
 
@@ -80,7 +80,7 @@ SCRIPT = {
 def test_samples_generator_through_reward_file_with_dynamic_filter(local_ray, filter_flag):
     engine = ray.remote(num_cpus=0)(scripted_engine_class()).remote(local_ray, REWARD_FILE, SCRIPT)
     args = parse(filter_flag, "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "2")
-    gen = AVSPOSamplesGenerator(NS(args=args), _prompts(6), None, _tokenizer(local_ray), [engine], version_fn=lambda: 7)
+    gen = RemedySamplesGenerator(NS(args=args), _prompts(6), None, _tokenizer(local_ray), [engine], version_fn=lambda: 7)
     samples, pass_rate, consumed, exhausted = gen.generate_samples(max_new_tokens=16, max_len=64, temperature=1.0)
     # q0 and q1 have zero reward std: dropped and replaced by q2, q3 (order of arrival may vary)
     assert consumed == 4 and len(samples) == 8 and not exhausted
@@ -117,10 +117,10 @@ class _SlowTrainerBase:
         return {"policy_loss": 0.0}, global_step + 1
 
 
-class _SlowTrainer(AVSPOTrainerMixin, _SlowTrainerBase):
+class _SlowTrainer(RemedyTrainerMixin, _SlowTrainerBase):
     def __init__(self, *a):
         super().__init__(*a)
-        self._avspo_setup()
+        self._remedy_setup()
 
     def _requeue(self, batches):
         ray.get(self.coordinator.requeue.remote(batches))
@@ -133,7 +133,7 @@ def test_async_staleness_bound_with_a_slow_trainer(local_ray, policy):
     args = parse("--train.async_enable", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2", "--rollout.micro_batch_size", "1",
                  "--buffer.max_staleness", "1", "--buffer.stale_policy", policy)  # fmt: skip
     coord = ray.remote(num_cpus=0)(AsyncCoordinator).remote()
-    gen = AVSPOSamplesGenerator(
+    gen = RemedySamplesGenerator(
         NS(args=args), _prompts(10), None, _tokenizer(local_ray), [engine],
         version_fn=lambda: ray.get(coord.get_version.remote()),
         requeue_fn=lambda: ray.get(coord.take_requeued.remote()),

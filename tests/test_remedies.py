@@ -13,13 +13,17 @@ from helpers import tiny_assets
 from test_preflight import GOOD, _fails, _flags, _rows
 
 from avspo_openrlhf.algo import (
+    CollapseController,
     GRESOSelector,
+    GRPOConfig,
+    NGRPOConfig,
+    SignConfig,
     group_advantages,
     prompt_key,
     rl_zvp_token_advantages,
     zero_variance_sign,
 )
-from avspo_openrlhf.algo.controller import AVSPOController
+from avspo_openrlhf.cli.train import main
 from avspo_openrlhf.trainer.samples import StateWithExtras
 
 G = 8
@@ -34,7 +38,7 @@ def _group(k: int, g: int = G) -> list[float]:
 
 def test_ngrpo_closed_forms():
     rewards = torch.tensor([_group(k) for k in (0, 1, 4, 7, 8)])
-    adv, info = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6)
+    adv, info = group_advantages(rewards, "ngrpo", NGRPOConfig(std_convention="unbiased", eps=1e-6))
     # all-right: R' is constant at r_max, nothing to learn: exactly zero, and still collapsed
     assert adv[4].eq(0).all() and info["acr_effective"] == pytest.approx(1 / 5)
     # all-wrong: every sample -1/sqrt(G+1) (mean' = 1/9, unbiased std over 9 values = 1/3)
@@ -46,7 +50,7 @@ def test_ngrpo_closed_forms():
         )
     # every group: the equation itself, mean and unbiased std over the G real rewards plus m r_max
     for m in (1, 3):
-        adv_m, _ = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6, num_max=m)
+        adv_m, _ = group_advantages(rewards, "ngrpo", NGRPOConfig(std_convention="unbiased", eps=1e-6, num_max=m))
         for r, a in zip(rewards, adv_m):
             aug = torch.cat([r, torch.ones(m)])
             if aug.std() < 1e-6:
@@ -54,32 +58,36 @@ def test_ngrpo_closed_forms():
             else:
                 assert a == pytest.approx((r - aug.mean()) / (aug.std() + 1e-6), abs=1e-5)
     # population std over G+1 values: all-wrong -1/sqrt(G) instead
-    adv_pop, _ = group_advantages(rewards[:1], "ngrpo", std="population", eps=0.0)
+    adv_pop, _ = group_advantages(rewards[:1], "ngrpo", NGRPOConfig(std_convention="population", eps=0.0))
     assert adv_pop[0, 0].item() == pytest.approx(-1 / math.sqrt(G), abs=1e-6)
     # non-binary rewards: the virtual sample sits at the range maximum
     r = torch.tensor([[0.2, 0.2, 0.2, 0.2]])
-    a, _ = group_advantages(r, "ngrpo", std="unbiased", eps=0.0, reward_range=(0.0, 2.0))
+    a, _ = group_advantages(r, "ngrpo", NGRPOConfig(std_convention="unbiased", eps=0.0), reward_range=(0.0, 2.0))
     aug = torch.tensor([0.2, 0.2, 0.2, 0.2, 2.0])
     assert a[0] == pytest.approx((r[0] - aug.mean()) / aug.std(), abs=1e-6)
 
 
 def test_ngrpo_gated_is_grpo_while_the_gate_is_closed_and_the_controller_runs_it():
     rewards = torch.tensor([_group(k) for k in (0, 3, 8)])
-    closed, info = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6, acr_gate=0.2, tau_adapt=0.5, gated=True)
-    grpo, _ = group_advantages(rewards, "grpo", std="unbiased", eps=1e-6)
+    closed, info = group_advantages(
+        rewards, "ngrpo", NGRPOConfig(std_convention="unbiased", eps=1e-6, gated=True), acr_gate=0.2, tau_adapt=0.5
+    )
+    grpo, _ = group_advantages(rewards, "grpo", GRPOConfig(std_convention="unbiased", eps=1e-6))
     assert torch.equal(closed, grpo) and not info["gate_open"]
-    opened, info = group_advantages(rewards, "ngrpo", std="unbiased", eps=1e-6, acr_gate=0.7, tau_adapt=0.5, gated=True)
+    opened, info = group_advantages(
+        rewards, "ngrpo", NGRPOConfig(std_convention="unbiased", eps=1e-6, gated=True), acr_gate=0.7, tau_adapt=0.5
+    )
     assert info["gate_open"] and (opened[0] < 0).all()
 
-    c = AVSPOController(estimator="ngrpo")
+    c = CollapseController("ngrpo")
     adv, m = c.step(rewards)
     assert adv is not None and (adv[0] < 0).all() and adv[2].eq(0).all()
     assert m["gate_open"] == 1.0 and m["num_virtual_k"] == 1.0
     assert m["acr"] == pytest.approx(2 / 3) and m["acr_effective"] == pytest.approx(1 / 3)  # the all-right group
-    with pytest.raises(ValueError, match="estimator must be one of"):
-        AVSPOController(estimator="ppo")
+    with pytest.raises(ValueError, match="unknown estimator"):
+        CollapseController("ppo")
     with pytest.raises(ValueError, match="num_max"):
-        group_advantages(rewards, "ngrpo", num_max=0)
+        group_advantages(rewards, "ngrpo", NGRPOConfig(num_max=0))
 
 
 # ── RL-ZVP ──
@@ -102,9 +110,34 @@ def test_rl_zvp_signs_and_entropy_scaling_on_a_hand_computed_group():
     with pytest.raises(ValueError, match="non-finite"):
         rl_zvp_token_advantages(torch.full((1, 2), float("nan")), torch.ones(1, 2), torch.tensor([1]))
 
-    c = AVSPOController(estimator="rl_zvp")
+    # the registered estimator: GRPO on mixed groups (OpenRLHF's unbiased std), zero on collapsed ones,
+    # whose signal is the token part; none stays without signal
+    c = CollapseController("rl_zvp")
     adv, m = c.step(rewards[:3])
-    assert adv is None and m["acr"] == pytest.approx(2 / 3) and m["acr_effective"] == 0.0
+    grpo, _ = group_advantages(rewards[:3], "grpo", GRPOConfig(std_convention="unbiased", eps=1e-9))
+    assert torch.equal(adv, grpo) and m["acr"] == pytest.approx(2 / 3) and m["acr_effective"] == 0.0
+    assert c.needs_entropy and torch.equal(c.token_advantages(h, mask, sign), a * 1.0)
+    assert not CollapseController("avspo").needs_entropy
+
+
+# ── sign advantage ──
+
+
+def test_sign_advantage_closed_form_on_collapsed_groups_and_grpo_elsewhere():
+    rewards = torch.tensor([_group(0, 4), _group(4, 4), _group(1, 4), [0.5] * 4])
+    adv, info = group_advantages(rewards, "sign")
+    grpo, _ = group_advantages(rewards, "grpo")
+    assert adv[0].tolist() == [-1.0] * 4 and adv[1].tolist() == [1.0] * 4  # A = 2r - 1
+    assert torch.equal(adv[2], grpo[2])  # mixed: GRPO (population std, eps 1e-6)
+    assert adv[3].eq(0).all()  # constant at the middle of the range: 2 * 0.5 - 1 = 0, still collapsed
+    assert info["acr"] == 0.75 and info["acr_effective"] == 0.25
+    # every group, and any reward range: A = 2 (r - lo) / (hi - lo) - 1
+    every, info = group_advantages(rewards * 4 - 2, "sign", SignConfig(scope="all"), reward_range=(-2.0, 2.0))
+    assert torch.allclose(every, 2 * rewards - 1) and info["acr_effective"] == 0.0
+    # what AVSPO and NGRPO give a collapsed group has the same sign
+    for name in ("avspo", "ngrpo"):
+        a, _ = group_advantages(rewards[:1], name, acr_gate=1.0, tau_adapt=0.0)
+        assert (a.sign() == adv[:1]).all()
 
 
 # ── GRESO ──
@@ -225,12 +258,13 @@ def test_the_dataloader_state_carries_the_greso_state():
     "extra, message",
     [
         (["--avspo.enable", "--ngrpo.enable"], "--avspo.enable and --ngrpo.enable: choose one advantage remedy"),
-        (["--ngrpo.enable", "--rlzvp.enable"], "choose one advantage remedy"),
+        (["--ngrpo.enable", "--rl_zvp.enable"], "choose one advantage remedy"),
+        (["--sign.enable", "--avspo.enable"], "choose one advantage remedy"),
         (
             ["--ngrpo.enable", "--algo.advantage.estimator", "rloo"],
             "--ngrpo.enable needs --algo.advantage.estimator group_norm",
         ),
-        (["--rlzvp.enable", "--rlzvp.alpha", "0"], "--rlzvp.alpha must be > 0"),
+        (["--rl_zvp.enable", "--rl_zvp.alpha", "0"], "--rl_zvp.alpha must be > 0"),
         (["--greso.enable", "--greso.p_easy", "0.99"], "p_easy 0.99 must lie within p_bounds"),
         (["--greso.enable", "--greso.audit", "2"], "audit must be in [0, 1]"),
         (["--run.max_generated_tokens", "0"], "--run.max_generated_tokens must be >= 1"),
@@ -242,6 +276,22 @@ def test_remedy_flags_fail_in_one_line_before_ray(tmp_path, capsys, extra, messa
         i = flags.index("--algo.advantage.estimator")
         flags = flags[:i] + flags[i + 2 :]
     assert message in _fails(capsys, [*flags, *extra])
+
+
+def test_every_old_flag_spelling_fails_in_one_line_naming_the_new_one(tmp_path, capsys):
+    from avspo_openrlhf.trainer.config import RENAMED_FLAGS
+
+    flags = _flags(tmp_path, _rows(tmp_path, GOOD))
+    for old, new in RENAMED_FLAGS.items():
+        with pytest.raises(SystemExit) as e:
+            main([*flags, old, "0.3"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and err == [f"avspo-train: error: {old} was renamed {new}"]
+    # and from a config file (@file) as well
+    (tmp_path / "old.args").write_text("--rlzvp.enable\n")
+    with pytest.raises(SystemExit):
+        main([*flags, f"@{tmp_path / 'old.args'}"])
+    assert capsys.readouterr().err.strip() == "avspo-train: error: --rlzvp.enable was renamed --rl_zvp.enable"
 
 
 # ── through avspo-train --backend cpu (tiny model) ──
@@ -276,16 +326,16 @@ def test_ngrpo_and_rl_zvp_train_through_avspo_train(cpu_run, tmp_path_factory):
     assert any(r["acr_all_wrong"] > 0 for r in rows)
     assert all(r["tokens/generated"] > 0 for r in rows)
 
-    out = tmp_path_factory.mktemp("rlzvp")
-    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--rlzvp.enable"))
+    out = tmp_path_factory.mktemp("rl_zvp")
+    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--rl_zvp.enable"))
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     assert len(rows) == 8 and all(r["acr_effective"] == 0.0 for r in rows)
     n_samples = 16  # 4 prompts x G=4 per step
     for r in rows:  # token advantages reached exactly the zero-variance groups' responses
-        assert r["rlzvp/zero_variance_samples"] == pytest.approx(r["acr_shaped"] * n_samples)
-        assert (r["rlzvp/token_adv_abs_mean"] > 0) == (r["acr_shaped"] > 0)
+        assert r["rl_zvp/zero_variance_samples"] == pytest.approx(r["acr_shaped"] * n_samples)
+        assert (r["rl_zvp/token_adv_abs_mean"] > 0) == (r["acr_shaped"] > 0)
         if r["acr_shaped"] > 0:
-            assert 0 < r["rlzvp/entropy_mean"] < math.log(200_000)
+            assert 0 < r["rl_zvp/entropy_mean"] < math.log(200_000)
 
 
 def _assets(tmp_path_factory):

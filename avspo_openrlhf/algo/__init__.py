@@ -1,23 +1,37 @@
-"""The pure math of ACR and AVSPO: torch only, no OpenRLHF/Ray/vLLM/DeepSpeed.
+"""The pure math of ACR and its remedies: torch only, no OpenRLHF/Ray/vLLM/DeepSpeed.
 
-Any trainer can call these (TRL, verl, a hand-written loop). One AVSPO step on a ``[N, G]``
+Any trainer can call these (the OpenRLHF trainers of this package, ``integrations/trl.py``,
+``integrations/verl.py``, a hand-written loop: ``examples/avspo_loop.py``). One step on a ``[N, G]``
 correctness matrix ``R``::
 
-    stats = collapse_stats(R)                 # raw ACR, split all-wrong / all-right
+    ctrl = CollapseController("avspo", AVSPOConfig(alpha=0.5), acr=ACRConfig(tau_init=0.5))
+    adv, metrics = ctrl.step(R)                # advantages [N, G]; acr, acr_effective, gate, alarms
+
+or, piece by piece::
+
+    stats = collapse_stats(R)                  # raw ACR, split all-wrong / all-right
     tracker.observe(stats)                     # smoothed gate input, cumulative, ACR_100, alarms
-    adv, info = group_advantages(R, "avspo", acr_gate=tracker.acr_gate, tau_adapt=threshold.tau)
+    adv, info = group_advantages(R, "avspo", AVSPOConfig(), acr_gate=tracker.acr_gate, tau_adapt=threshold.tau)
     threshold.update(stats.acr, R.mean().item())
+
+A remedy is one registered estimator (:data:`ESTIMATORS`) plus its config class.
 """
 
+# importing the remedy modules registers their estimators
+from . import avspo as _avspo  # noqa: F401
+from . import ngrpo as _ngrpo  # noqa: F401
+from . import sign as _sign  # noqa: F401
 from .advantages import (
-    ADVANTAGE_ESTIMATORS,
-    FIX_GROUPS,
-    STD_CONVENTIONS,
+    ESTIMATORS,
+    Estimator,
+    GroupContext,
     augmented_group_stats,
+    default_config,
     group_advantages,
     register_estimator,
 )
 from .collapse import DEFAULT_TOL, CollapseStats, check_rewards, collapse_stats, dynamic_sampling_keep_mask
+from .controller import CollapseController
 from .greso import GRESOSelector, prompt_key
 from .monitors import (
     ACR100_FIT_INTERCEPT,
@@ -27,6 +41,18 @@ from .monitors import (
     EntropyCollapseMonitor,
     KLDriftMonitor,
 )
+from .options import (
+    FIX_GROUPS,
+    STD_CONVENTIONS,
+    ACRConfig,
+    AVSPOConfig,
+    GRESOConfig,
+    GRPOConfig,
+    MonitorConfig,
+    NGRPOConfig,
+    RLZVPConfig,
+    SignConfig,
+)
 from .rl_zvp import rl_zvp_token_advantages, zero_variance_sign
 from .threshold import AdaptiveThreshold
 from .virtual import VIRTUAL_STRATEGIES, num_virtual, register_virtual_strategy, virtual_rewards
@@ -34,21 +60,33 @@ from .virtual import VIRTUAL_STRATEGIES, num_virtual, register_virtual_strategy,
 __all__ = [
     "ACR100_FIT_INTERCEPT",
     "ACR100_FIT_SLOPE",
-    "ADVANTAGE_ESTIMATORS",
-    "FIX_GROUPS",
-    "GRESOSelector",
+    "ACRConfig",
     "ACRTracker",
+    "AVSPOConfig",
     "AdaptiveThreshold",
+    "CollapseController",
     "CollapseStats",
     "ConsecutiveAlarm",
     "DEFAULT_TOL",
+    "ESTIMATORS",
     "EntropyCollapseMonitor",
+    "Estimator",
+    "FIX_GROUPS",
+    "GRESOConfig",
+    "GRESOSelector",
+    "GRPOConfig",
+    "GroupContext",
     "KLDriftMonitor",
+    "MonitorConfig",
+    "NGRPOConfig",
+    "RLZVPConfig",
     "STD_CONVENTIONS",
+    "SignConfig",
     "VIRTUAL_STRATEGIES",
     "augmented_group_stats",
     "check_rewards",
     "collapse_stats",
+    "default_config",
     "dynamic_sampling_keep_mask",
     "group_advantages",
     "num_virtual",

@@ -80,10 +80,11 @@ class GRESOSelector:
         self.target = {"easy": float(target_easy), "hard": float(target_hard)}
         self.delta, self.p_bounds, self.min_keep, self.audit = float(delta), (lo, hi), float(min_keep), float(audit)
         self.tol, self.reward_range = float(tol), tuple(reward_range)
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
         self.index: dict[str, int] = {}
-        self.kind = torch.zeros(0, dtype=torch.int8)
-        self.z = torch.zeros(0, dtype=torch.int32)
+        # the history and the generator live on the CPU whatever torch's default device is
+        self.kind = torch.zeros(0, dtype=torch.int8, device="cpu")
+        self.z = torch.zeros(0, dtype=torch.int32, device="cpu")
         # audit_tokens: tokens generated for audits, which the token budget of a run does not count
         self.counts = dict(seen=0, skipped=0, kept=0, audited=0, false_skips=0, adapted_steps=0, audit_tokens=0)
         self.revisits = False  # p adapts once some prompt is rolled out a second time (GRESO: epoch >= 1)
@@ -94,17 +95,17 @@ class GRESOSelector:
             rows = [self.index.setdefault(k, len(self.index)) for k in keys]
             if len(self.index) > len(self.kind):
                 extra = len(self.index) - len(self.kind)
-                self.kind = torch.cat([self.kind, torch.zeros(extra, dtype=torch.int8)])
-                self.z = torch.cat([self.z, torch.zeros(extra, dtype=torch.int32)])
+                self.kind = torch.cat([self.kind, torch.zeros(extra, dtype=torch.int8, device="cpu")])
+                self.z = torch.cat([self.z, torch.zeros(extra, dtype=torch.int32, device="cpu")])
         else:
             rows = [self.index.get(k, -1) for k in keys]
-        return torch.tensor(rows, dtype=torch.long)
+        return torch.tensor(rows, dtype=torch.long, device="cpu")
 
     def skip_probability(self, keys: list[str]) -> torch.Tensor:
         """``[M]`` probability that each prompt is skipped now (0 without history)."""
         rows = self._rows(keys, grow=False)
         if not self.index:
-            return torch.zeros(len(keys), dtype=torch.float64)
+            return torch.zeros(len(keys), dtype=torch.float64, device="cpu")
         known = rows >= 0
         kind = torch.where(known, self.kind[rows.clamp_min(0)], MIXED)
         z = torch.where(known, self.z[rows.clamp_min(0)], 0).double()
@@ -116,8 +117,8 @@ class GRESOSelector:
         """Draw this visit's decisions: ``(skip [M] bool, audit [M] bool)``; audited prompts are a
         subset of the skipped ones (rolled out for measurement only)."""
         prob = self.skip_probability(keys)
-        u = torch.rand(len(keys), generator=self.generator, dtype=torch.float64)
-        a = torch.rand(len(keys), generator=self.generator, dtype=torch.float64)
+        u = torch.rand(len(keys), generator=self.generator, dtype=torch.float64, device="cpu")
+        a = torch.rand(len(keys), generator=self.generator, dtype=torch.float64, device="cpu")
         skip = u < prob
         audit = skip & (a < self.audit)
         n_skip = int(skip.sum())
@@ -137,7 +138,7 @@ class GRESOSelector:
         rows = self._rows(keys, grow=True)
         self.revisits = self.revisits or before + len(set(keys)) > len(self.index)
         stats = collapse_stats(rewards.detach().float().cpu(), self.tol, self.reward_range)
-        new = torch.full((len(keys),), MIXED, dtype=torch.int8)
+        new = torch.full((len(keys),), MIXED, dtype=torch.int8, device="cpu")
         new[stats.all_wrong] = HARD
         new[stats.all_right] = EASY
         same = (self.kind[rows] == new) & (new != MIXED)
@@ -194,9 +195,9 @@ class GRESOSelector:
 
     def load_state_dict(self, state: dict) -> None:
         self.index = {k: i for i, k in enumerate(state["keys"])}
-        self.kind = torch.tensor(state["kind"], dtype=torch.int8)
-        self.z = torch.tensor(state["z"], dtype=torch.int32)
+        self.kind = torch.tensor(state["kind"], dtype=torch.int8, device="cpu")
+        self.z = torch.tensor(state["z"], dtype=torch.int32, device="cpu")
         self.p = dict(state["p"])
         self.counts = {**self.counts, **state["counts"]}  # a checkpoint from before a counter existed: 0
         self.revisits = bool(state["revisits"])
-        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8))
+        self.generator.set_state(torch.tensor(state["generator"], dtype=torch.uint8, device="cpu"))  # a CPU ByteTensor

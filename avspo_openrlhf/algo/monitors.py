@@ -121,7 +121,7 @@ class ACRTracker:
 
     @property
     def acr_gate(self) -> float:
-        """Smoothed ACR used by the AVSPO gate and the K rule (0.0 before any step)."""
+        """Smoothed ACR used by the gate (AVSPO, gated NGRPO) and the K rule (0.0 before any step)."""
         if self.smoothing == "ema":
             return self.ema if self.ema is not None else 0.0
         return _mean(self.recent) if self.recent else 0.0
@@ -146,7 +146,7 @@ class ACRTracker:
             self.totals[i] += c
 
     def record_effective(self, num_effective_collapsed: int) -> None:
-        """Add the groups still collapsed after AVSPO/filtering (for the cumulative effective ACR)."""
+        """Add the groups still collapsed after the remedy or filtering (for the cumulative effective ACR)."""
         self.totals[4] += int(num_effective_collapsed)
 
     def metrics(self) -> dict[str, float]:

@@ -1,9 +1,10 @@
 """The algorithm's options, one frozen dataclass per flag group: the single home of every default
 of the pure math. ``avspo-train`` generates its ``--acr.*``, ``--avspo.*``, ``--ngrpo.*``,
-``--rlzvp.*``, ``--greso.*`` and ``--monitor.*`` flags and their ``--help`` from these fields
-(``trainer/config.py``); the functions and classes of ``algo/`` take their keyword defaults from
-them, and :meth:`~avspo_openrlhf.algo.controller.AVSPOController.from_config` builds a controller
-from them field by field. dataclasses only: no torch, no argparse.
+``--rl_zvp.*``, ``--sign.*``, ``--greso.*`` and ``--monitor.*`` flags and their ``--help`` from these
+fields (``trainer/config.py``). Each advantage estimator is registered with its own config class
+(``algo/advantages.py``) and reads only that; :class:`~avspo_openrlhf.algo.controller.CollapseController`
+takes the ACR config, the chosen estimator's config and the monitor config as they are.
+dataclasses only: no torch, no argparse.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ class ACRConfig:
         metavar=("LO", "HI"),
     )
     smoothing: str = flag(
-        "window", "How the per-batch ACR is smoothed into the AVSPO gate input ACR_gate.", choices=["window", "ema"]
+        "window",
+        "How the per-batch ACR is smoothed into the gate input ACR_gate (AVSPO, gated NGRPO).",
+        choices=["window", "ema"],
     )
     window: int = flag(25, "Steps in the ACR_gate window (use 1 with many prompt groups per step).")
     ema_decay: float = flag(0.9, "Decay of ACR_gate when --acr.smoothing ema.")
@@ -50,6 +53,15 @@ class ACRConfig:
     stall_patience: int = flag(50, "... for more than this many consecutive steps.")
     volatility_window: int = flag(25, "Window of the ACR volatility (population std of the last N ACRs).")
     volatility_threshold: float = flag(0.15, "Volatility alarm when the windowed ACR std exceeds this.")
+    tau_init: float = flag(
+        0.5,
+        "Initial adaptive threshold tau_adapt(0): the gate is open while ACR_gate > tau_adapt (AVSPO, gated NGRPO).",
+    )
+    eta: float = flag(0.01, "Step size of the adaptive threshold; 0 keeps tau_adapt fixed at --acr.tau_init.")
+    tau_bounds: tuple[float, float] = flag((0.1, 0.9), "Clip range of tau_adapt.", metavar=("LO", "HI"))
+    reward_ema_decay: float = flag(
+        0.9, "EMA of the mean reward whose change is dJ in the threshold update (0 = raw change)."
+    )
 
 
 @dataclass(frozen=True)
@@ -78,20 +90,14 @@ class AVSPOConfig:
     )
     r_anchor: float = flag(0.1, "Top virtual reward for all-wrong groups (stratified, exp_decay).")
     gamma: float = flag(0.5, "Decay of the exp_decay strategy.")
-    std: str = flag(
+    std_convention: str = flag(
         "population",
-        "Std of the (augmented) group: population (the paper's) or unbiased (OpenRLHF group_norm's).",
+        "Std convention of the (augmented) group: population (divide by n, the paper's) or unbiased (n - 1, OpenRLHF group_norm's).",
         choices=sorted(STD_CONVENTIONS),
     )
     eps: float = flag(
         1e-06,
-        "Added to the group std. '--avspo.std unbiased --avspo.eps 1e-9' equals OpenRLHF's group_norm when the gate is closed.",
-    )
-    tau_init: float = flag(0.5, "Initial adaptive threshold tau_adapt(0).")
-    eta: float = flag(0.01, "Step size of the adaptive threshold; 0 keeps tau_adapt fixed at --avspo.tau_init.")
-    tau_bounds: tuple[float, float] = flag((0.1, 0.9), "Clip range of tau_adapt.", metavar=("LO", "HI"))
-    reward_ema_decay: float = flag(
-        0.9, "EMA of the mean reward whose change is dJ in the threshold update (0 = raw change)."
+        "Added to the group std. '--avspo.std_convention unbiased --avspo.eps 1e-9' equals OpenRLHF's group_norm when the gate is closed.",
     )
     seed: int | None = flag(None, "Seed of the random_uniform strategy (default: --train.seed).")
 
@@ -102,30 +108,67 @@ class NGRPOConfig:
 
     enable: bool = flag(
         False,
-        "NGRPO (arXiv 2509.18851): --ngrpo.num_max virtual rewards at the reward maximum in every group's mean and std (all-wrong groups get a negative advantage, all-right stay 0). Pair with --actor.eps_clip_low_high 0.16 0.24 for the paper's asymmetric clip. Needs --algo.advantage.estimator group_norm; not with --avspo.enable or --rlzvp.enable.",
+        "NGRPO (arXiv 2509.18851): --ngrpo.num_max virtual rewards at the reward maximum in every group's mean and std (all-wrong groups get a negative advantage, all-right stay 0). Pair with --actor.eps_clip_low_high 0.16 0.24 for the paper's asymmetric clip. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
     )
     num_max: int = flag(1, "Virtual maximum-reward samples per group (the paper's m = 1).", metavar="M")
-    std: str = flag(
+    std_convention: str = flag(
         "unbiased",
-        "Std of the G + M values: unbiased (the paper's and its code's) or population.",
+        "Std convention of the G + M values: unbiased (the paper's and its code's) or population.",
         choices=sorted(STD_CONVENTIONS),
     )
     eps: float = flag(1e-06, "Added to the augmented std (the paper's code: 1e-6).")
     gated: bool = flag(
         False,
-        "Add the virtual samples only while AVSPO's gate is open (ACR_gate > tau_adapt, with the --acr.* smoothing and --avspo.tau_* threshold); default: every step, as the paper.",
+        "Add the virtual samples only while the ACR gate is open (ACR_gate > tau_adapt, with the --acr.* smoothing and threshold); default: every step, as the paper.",
     )
 
 
 @dataclass(frozen=True)
 class RLZVPConfig:
-    """RL-ZVP advantages (``--rlzvp.*``)."""
+    """RL-ZVP advantages (``--rl_zvp.*``)."""
 
     enable: bool = flag(
         False,
-        "RL-ZVP (arXiv 2509.21880): on zero-variance groups, token advantages +alpha*H_t (all-right) and -alpha*(max H - H_t) (all-wrong), H_t the policy's token entropy before the update; OpenRLHF's GRPO elsewhere. Needs --algo.advantage.estimator group_norm; not with --avspo.enable or --ngrpo.enable.",
+        "RL-ZVP (arXiv 2509.21880): on zero-variance groups, token advantages +alpha*H_t (all-right) and -alpha*(max H - H_t) (all-wrong), H_t the policy's token entropy before the update; GRPO elsewhere. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
     )
-    alpha: float = flag(0.1, "Scale of the entropy-shaped advantages (the paper's 0.1).")
+    alpha: float = flag(0.1, "Scale of the entropy-shaped token advantages (the paper's 0.1).")
+    std_convention: str = flag(
+        "unbiased",
+        "Std convention of GRPO on the mixed groups: unbiased (OpenRLHF group_norm's, the paper's code) or population.",
+        choices=sorted(STD_CONVENTIONS),
+    )
+    eps: float = flag(1e-09, "Added to the mixed groups' std (OpenRLHF group_norm's 1e-9).")
+
+
+@dataclass(frozen=True)
+class SignConfig:
+    """Sign advantage (``--sign.*``)."""
+
+    enable: bool = flag(
+        False,
+        "Sign advantage (arXiv 2605.07689): A = 2r - 1 (r scaled to --acr.reward_range) on collapsed groups, GRPO on the others (or on every group with --sign.scope all): what every virtual-sample remedy gives a collapsed group, up to the magnitude. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
+    )
+    scope: str = flag(
+        "collapsed",
+        "Groups that get A = 2r - 1: collapsed (the rest keep GRPO) or all.",
+        choices=["collapsed", "all"],
+    )
+    std_convention: str = flag(
+        "population",
+        "Std convention of GRPO on the mixed groups (with --sign.scope collapsed): population or unbiased.",
+        choices=sorted(STD_CONVENTIONS),
+    )
+    eps: float = flag(1e-06, "Added to the mixed groups' std.")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """GRPO's group normalisation: A = (r - mean) / (std + eps). Not a flag group: in OpenRLHF,
+    GRPO is OpenRLHF's own ``group_norm``; this config serves the pure estimator (TRL's GRPO is
+    ``unbiased`` with eps 1e-4, OpenRLHF's ``unbiased`` with eps 1e-9)."""
+
+    std_convention: str = field(default="population", metadata=dict(choices=sorted(STD_CONVENTIONS)))
+    eps: float = 1e-06
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""AVSPO adaptive threshold tau_adapt (docs/algorithm.md#threshold).
+"""The adaptive threshold tau_adapt of the ACR gate (docs/algorithm.md#threshold; AVSPO, gated NGRPO).
 
     tau_adapt(t+1) = clip(tau_adapt(t) + eta * sign(dJ_t) * (ACR_t - tau_adapt(t)), lo, hi)
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .options import AVSPOConfig
+from .options import ACRConfig
 
 
 def _check_finite(name: str, value: float) -> float:
@@ -37,10 +37,10 @@ class AdaptiveThreshold:
 
     def __init__(
         self,
-        tau_init: float = AVSPOConfig.tau_init,
-        eta: float = AVSPOConfig.eta,
-        bounds: tuple[float, float] = AVSPOConfig.tau_bounds,
-        ema_decay: float = AVSPOConfig.reward_ema_decay,
+        tau_init: float = ACRConfig.tau_init,
+        eta: float = ACRConfig.eta,
+        bounds: tuple[float, float] = ACRConfig.tau_bounds,
+        ema_decay: float = ACRConfig.reward_ema_decay,
     ):
         lo, hi = bounds
         if not lo <= tau_init <= hi:

@@ -39,20 +39,20 @@ class VirtualSpec(NamedTuple):
 class _Strategy(NamedTuple):
     fn: Callable[..., VirtualSpec]
     deterministic: bool  # a group's virtual rewards depend only on (r_obs, branch, K)
-    fixed_k: int | None  # the strategy's own K (``opposite`` always uses one sample)
+    own_k: int | None  # the strategy's own K (``opposite`` always uses one sample)
 
 
 VIRTUAL_STRATEGIES: dict[str, _Strategy] = {}
 
 
-def register_virtual_strategy(name: str, deterministic: bool = True, fixed_k: int | None = None):
+def register_virtual_strategy(name: str, deterministic: bool = True, own_k: int | None = None):
     """Register ``fn(r_obs [N], is_right [N] bool, K, *, lo, hi, r_anchor, gamma, generator)``."""
 
     if name in VIRTUAL_STRATEGIES:
         raise ValueError(f"virtual strategy {name!r} is already registered")
 
     def wrap(fn):
-        VIRTUAL_STRATEGIES[name] = _Strategy(fn, deterministic, fixed_k)
+        VIRTUAL_STRATEGIES[name] = _Strategy(fn, deterministic, own_k)
         return fn
 
     return wrap
@@ -85,7 +85,7 @@ def _exp_decay(r_obs, is_right, k, *, lo, hi, r_anchor, gamma, **_):
     return VirtualSpec(scale, (gamma ** (idx - 1), 1 - gamma**idx))
 
 
-@register_virtual_strategy("opposite", fixed_k=1)
+@register_virtual_strategy("opposite", own_k=1)
 def _opposite(r_obs, is_right, k, *, lo, hi, **_):
     # the authors' released code: one sample at the other end of the range (1 - r_obs for 0/1)
     one = torch.ones(k, dtype=r_obs.dtype, device=r_obs.device)
@@ -115,7 +115,7 @@ def num_virtual(group_size: int, acr_gate: float, alpha: float = _AV.alpha, stra
 
     A 1e-9 slack keeps float noise from bumping an exact integer (8 * 0.25**0.5 = 4) up by one.
     """
-    fixed = get_strategy(strategy).fixed_k
+    fixed = get_strategy(strategy).own_k
     if fixed is not None:
         return fixed
     if not 0.0 <= acr_gate <= 1.0:
@@ -158,7 +158,7 @@ def virtual_rewards(
     all-right 1 -> 0.8, 0.6, 0.4, 0.2; all-wrong 0 -> 0.1, 0.075, 0.05, 0.025.
     """
     strat = get_strategy(strategy)
-    k = strat.fixed_k or num_virtual
+    k = strat.own_k or num_virtual
     if k < 1:
         raise ValueError(f"num_virtual must be >= 1, got {k}")
     lo, hi = reward_range

@@ -5,8 +5,8 @@ OpenRLHF 0.11.2 assumes a GPU in four places on the training path: the device me
 ``torch.cuda.set_device``/``synchronize`` (barriers and ``fit``), ``torch.cuda.current_device()``
 (moving experiences and all-reduce buffers) and ``NaiveReplayBuffer``'s ``cuda:N`` target device;
 and ``convert_to_torch_dtype`` must accept ``fp32`` (``--cpu.dtype``: CPUs without native bf16).
-:func:`cpu_replacements` lists exactly those; ``avspo_openrlhf/install.py`` applies them (every
-CPU Ray worker, CPU tests). Nothing here runs on a GPU machine.
+:func:`cpu_replacements` lists exactly those; ``worker.py`` applies them in every CPU Ray worker,
+``avspo_openrlhf/install.py`` in CPU tests. Nothing here runs on a GPU machine.
 """
 
 from __future__ import annotations

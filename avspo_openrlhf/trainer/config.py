@@ -22,6 +22,7 @@ from avspo_openrlhf.algo.options import (  # the algorithm's groups live with th
     MonitorConfig,
     NGRPOConfig,
     RLZVPConfig,
+    SignConfig,
     flag,
 )
 
@@ -109,12 +110,13 @@ class BufferConfig:
 
 
 # flag namespace -> (--help section title, config class), in the order --help shows them; the
-# README's flag table lists the same flags (a test checks it)
+# flag table of docs/flags.md lists the same flags (a test checks it)
 GROUPS: dict[str, tuple[str, type]] = {
     "acr": ("ACR monitoring (avspo-openrlhf)", ACRConfig),
     "avspo": ("AVSPO advantages (avspo-openrlhf)", AVSPOConfig),
     "ngrpo": ("NGRPO advantages (avspo-openrlhf)", NGRPOConfig),
-    "rlzvp": ("RL-ZVP advantages (avspo-openrlhf)", RLZVPConfig),
+    "rl_zvp": ("RL-ZVP advantages (avspo-openrlhf)", RLZVPConfig),
+    "sign": ("Sign advantage (avspo-openrlhf)", SignConfig),
     "greso": ("GRESO pre-rollout skipping (avspo-openrlhf)", GRESOConfig),
     "monitor": ("Health monitors (avspo-openrlhf)", MonitorConfig),
     "run": ("Run control (avspo-openrlhf)", RunConfig),
@@ -132,7 +134,8 @@ class Settings:
     acr: ACRConfig = field(default_factory=ACRConfig)
     avspo: AVSPOConfig = field(default_factory=AVSPOConfig)
     ngrpo: NGRPOConfig = field(default_factory=NGRPOConfig)
-    rlzvp: RLZVPConfig = field(default_factory=RLZVPConfig)
+    rl_zvp: RLZVPConfig = field(default_factory=RLZVPConfig)
+    sign: SignConfig = field(default_factory=SignConfig)
     greso: GRESOConfig = field(default_factory=GRESOConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -164,7 +167,7 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add our flag groups (``--acr.*``, ``--avspo.*``, ``--ngrpo.*``, ``--rlzvp.*``, ``--greso.*``,
+    """Add our flag groups (``--acr.*``, ``--avspo.*``, ``--ngrpo.*``, ``--rl_zvp.*``, ``--sign.*``, ``--greso.*``,
     ``--monitor.*``, ``--run.*``, ``--dynamic.*``, ``--buffer.*``, ``--report.*``, ``--cpu.*``) to an
     argparse parser."""
     for ns, flags in FLAGS.items():
@@ -207,6 +210,31 @@ def resolve_reward_alias(args) -> None:
             u = importlib.util.find_spec(REWARD_ALIASES[name]).origin
         out.append(u)
     args.reward.remote_url = ",".join(out)
+
+
+# the advantage remedies: flag namespace = registered estimator name (algo/advantages.py)
+REMEDIES = ("avspo", "ngrpo", "rl_zvp", "sign")
+
+# flags renamed since 0.1.0: the old spelling fails in one line naming the new one
+RENAMED_FLAGS = {
+    "--rlzvp.enable": "--rl_zvp.enable",
+    "--rlzvp.alpha": "--rl_zvp.alpha",
+    "--avspo.std": "--avspo.std_convention",
+    "--ngrpo.std": "--ngrpo.std_convention",
+    "--avspo.tau_init": "--acr.tau_init",
+    "--avspo.eta": "--acr.eta",
+    "--avspo.tau_bounds": "--acr.tau_bounds",
+    "--avspo.reward_ema_decay": "--acr.reward_ema_decay",
+}
+
+
+def renamed_flag(argv: list[str]) -> str | None:
+    """The one-line error for the first renamed flag in ``argv`` (``--flag`` or ``--flag=value``)."""
+    for word in argv:
+        name = word.split("=", 1)[0]
+        if name in RENAMED_FLAGS:
+            return f"{name} was renamed {RENAMED_FLAGS[name]}"
+    return None
 
 
 # OpenRLHF estimators whose baseline is the prompt's group of n samples
@@ -264,13 +292,13 @@ def validate(args) -> None:
         raise ValueError("--acr.tol must be > 0 and --acr.window >= 1")
     # the threshold and the controller are built (ACR is measured) with AVSPO off too: checked always,
     # or a bad value fails inside a Ray actor after start-up
-    tlo, thi = args.avspo.tau_bounds
+    tlo, thi = args.acr.tau_bounds
     if not 0 <= tlo <= thi <= 1:
-        raise ValueError(f"--avspo.tau_bounds must satisfy 0 <= low <= high <= 1 (ACR is a rate), got {tlo} {thi}")
-    if not tlo <= args.avspo.tau_init <= thi:
-        raise ValueError(f"--avspo.tau_init {args.avspo.tau_init} must lie within --avspo.tau_bounds {tlo} {thi}")
-    if args.avspo.alpha <= 0 or args.avspo.eps < 0 or args.avspo.eta < 0:
-        raise ValueError("--avspo.alpha must be > 0, --avspo.eps and --avspo.eta >= 0")
+        raise ValueError(f"--acr.tau_bounds must satisfy 0 <= low <= high <= 1 (ACR is a rate), got {tlo} {thi}")
+    if not tlo <= args.acr.tau_init <= thi:
+        raise ValueError(f"--acr.tau_init {args.acr.tau_init} must lie within --acr.tau_bounds {tlo} {thi}")
+    if args.avspo.alpha <= 0 or args.avspo.eps < 0 or args.acr.eta < 0:
+        raise ValueError("--avspo.alpha must be > 0, --avspo.eps and --acr.eta >= 0")
     if args.avspo.enable:
         if est != "group_norm":
             raise ValueError(f"--avspo.enable needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
@@ -286,7 +314,7 @@ def validate(args) -> None:
                 f"[avspo] --algo.advantage.gamma {args.algo.advantage.gamma} is ignored with group_norm: returns use 1.0"
             )
     cfg = settings(args)
-    chosen = [f"--{ns}.enable" for ns in ("avspo", "ngrpo", "rlzvp") if getattr(cfg, ns).enable]
+    chosen = [f"--{ns}.enable" for ns in REMEDIES if getattr(cfg, ns).enable]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(chosen)}: choose one advantage remedy")
     for name in chosen[:1]:
@@ -296,8 +324,8 @@ def validate(args) -> None:
             raise ValueError(f"{name} needs --rollout.n_samples_per_prompt >= 2")
     if cfg.ngrpo.enable and (cfg.ngrpo.num_max < 1 or cfg.ngrpo.eps < 0):
         raise ValueError("--ngrpo.num_max must be >= 1 and --ngrpo.eps >= 0")
-    if cfg.rlzvp.enable and not cfg.rlzvp.alpha > 0:
-        raise ValueError(f"--rlzvp.alpha must be > 0, got {cfg.rlzvp.alpha}")
+    if cfg.rl_zvp.enable and not cfg.rl_zvp.alpha > 0:
+        raise ValueError(f"--rl_zvp.alpha must be > 0, got {cfg.rl_zvp.alpha}")
     if cfg.greso.enable:
         if n < 2:
             raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
@@ -343,16 +371,22 @@ def validate(args) -> None:
         args.actor.entropy_coef = 0.0
 
 
+def chosen_remedy(args) -> str | None:
+    """The advantage remedy the flags enable (its estimator's name), ``None`` for OpenRLHF's own."""
+    cfg = settings(args)
+    return next((ns for ns in REMEDIES if getattr(cfg, ns).enable), None)
+
+
 def build_controller(args):
-    """The :class:`~avspo_openrlhf.algo.controller.AVSPOController` that ``args`` describe, built
-    field by field from the typed options (``AVSPOController.from_config``)."""
-    from avspo_openrlhf.algo.controller import AVSPOController
+    """The :class:`~avspo_openrlhf.algo.CollapseController` that ``args`` describe: the ACR and
+    monitor groups and the chosen remedy's group, as typed configs."""
+    from avspo_openrlhf.algo import CollapseController
 
     cfg = settings(args)
-    estimator = next((name for name, on in [("avspo", cfg.avspo.enable), ("ngrpo", cfg.ngrpo.enable),
-                                            ("rl_zvp", cfg.rlzvp.enable)] if on), None)  # fmt: skip
+    remedy = chosen_remedy(args)
     seed = cfg.avspo.seed if cfg.avspo.seed is not None else getattr(getattr(args, "train", None), "seed", 0)
-    return AVSPOController.from_config(cfg.acr, cfg.avspo, cfg.monitor, cfg.ngrpo, estimator=estimator, seed=seed)
+    return CollapseController(remedy, getattr(cfg, remedy) if remedy else None, acr=cfg.acr, monitor=cfg.monitor,
+                              seed=seed)  # fmt: skip
 
 
 def build_greso(args):

@@ -147,7 +147,7 @@ class StateWithExtras:
         return getattr(self._dataloader, name)
 
 
-class AVSPOSamplesGenerator(SamplesGenerator):
+class RemedySamplesGenerator(SamplesGenerator):
     """Args (besides OpenRLHF's): ``version_fn() -> int`` gives the policy version in the engines
     now; ``stop_fn() -> bool`` ends generation early (alarms); ``requeue_fn() -> list`` returns prompt batches ``(None, [prompt], [label], [image])`` to
     generate before new ones (over-stale batches in async mode)."""

@@ -27,13 +27,14 @@ from ray.util.queue import Queue
 from avspo_openrlhf.redaction import check_wandb_key_in_env
 
 from .config import settings
-from .experience_maker import AVSPOExperienceMaker
-from .samples import AVSPOSamplesGenerator, BatchMeta
+from .experience_maker import RemedyExperienceMaker
+from .samples import BatchMeta, RemedySamplesGenerator
 from .stop import stop_file, stopped_marker
 
 logger = init_logger(__name__)
 
-STATE_KEY = "avspo_state"
+STATE_KEY = "controller_state"
+LEGACY_STATE_KEYS = ("avspo_state",)  # written before 0.2: still resumed
 SKIPPED = "_avspo_skipped"
 # optimizer metrics that must be finite before an update may reach the engines or a checkpoint
 LOSS_KEYS = ("policy_loss", "actor_grad_norm", "critic_loss", "entropy_loss", "kl")
@@ -72,13 +73,13 @@ def seed_prompt_order(dataloader, seed: int) -> None:
         generator.manual_seed(int(seed))
 
 
-class AVSPOTrainerMixin:
-    """Goes before an OpenRLHF trainer class in the MRO; call :meth:`_avspo_setup` after its
+class RemedyTrainerMixin:
+    """Goes before an OpenRLHF trainer class in the MRO; call :meth:`_remedy_setup` after its
     ``__init__``."""
 
-    def _avspo_setup(self) -> None:
+    def _remedy_setup(self) -> None:
         self.cfg = settings(self.args)  # our flag groups, typed
-        self.experience_maker = AVSPOExperienceMaker(
+        self.experience_maker = RemedyExperienceMaker(
             self.actor_model_group,
             self.critic_model_group,
             self.reward_model_group,
@@ -195,10 +196,10 @@ class AVSPOTrainerMixin:
         return stats
 
     # ── state in checkpoints ──
-    def avspo_state_dict(self) -> dict:
+    def remedy_state_dict(self) -> dict:
         return {"controller": self.controller.state_dict(), "counters": dict(self.counters)}
 
-    def load_avspo_state_dict(self, state: dict) -> None:
+    def load_remedy_state_dict(self, state: dict) -> None:
         self.controller.load_state_dict(state["controller"])
         self.counters.update(state["counters"])
 
@@ -206,8 +207,9 @@ class AVSPOTrainerMixin:
         super().restore_best_checkpoint_state(checkpoint_states)
         if checkpoint_states:
             self.policy_version = int(checkpoint_states.get("global_step", 0))
-            if checkpoint_states.get(STATE_KEY):
-                self.load_avspo_state_dict(checkpoint_states[STATE_KEY])
+            state = next((checkpoint_states[k] for k in (STATE_KEY, *LEGACY_STATE_KEYS) if checkpoint_states.get(k)), None)
+            if state:
+                self.load_remedy_state_dict(state)
                 logger.info(f"[avspo] restored ACR/threshold state at step {self.policy_version}")
             if self.cfg.report.dir and self.policy_version > 0:  # steps logged after it are trained again: once
                 from avspo_openrlhf.report import JsonlLogger
@@ -217,13 +219,13 @@ class AVSPOTrainerMixin:
                     logger.info(f"[avspo] metrics.jsonl: {dropped} row(s) after step {self.policy_version} dropped")
 
     def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
-        client_states = dict(client_states or {}, **{STATE_KEY: self.avspo_state_dict()})
+        client_states = dict(client_states or {}, **{STATE_KEY: self.remedy_state_dict()})
         return super().save_best_checkpoint(eval_metrics, global_step, client_states)
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         if logs_dict and logs_dict.get(SKIPPED):
             return  # an over-stale batch: no step was taken, nothing to log or save
-        client_states = dict(client_states or {}, **{STATE_KEY: self.avspo_state_dict()})
+        client_states = dict(client_states or {}, **{STATE_KEY: self.remedy_state_dict()})
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
         self._maybe_stop(global_step, client_states)
 
@@ -280,15 +282,15 @@ class AVSPOTrainerMixin:
         self.samples_generator.stop = True  # the generator reports "exhausted"; fit() ends normally
 
 
-class _PPOTrainer(AVSPOTrainerMixin, PPOTrainer.__ray_actor_class__):
+class _PPOTrainer(RemedyTrainerMixin, PPOTrainer.__ray_actor_class__):
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                  reference_model_group, vllm_engines, **generate_kwargs):  # fmt: skip
         check_wandb_key_in_env(strategy.args)  # before OpenRLHF's WandbLogger logs in
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)  # fmt: skip
         seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
-        self._avspo_setup()
-        self.samples_generator = AVSPOSamplesGenerator(
+        self._remedy_setup()
+        self.samples_generator = RemedySamplesGenerator(
             strategy=strategy,
             prompts_dataloader=self.prompts_dataloader,
             eval_dataloader=self.eval_dataloader,
@@ -300,7 +302,7 @@ class _PPOTrainer(AVSPOTrainerMixin, PPOTrainer.__ray_actor_class__):
         self.prompts_dataloader = self.samples_generator.state_with_extras(self.prompts_dataloader)
 
 
-AVSPOPPOTrainer = ray.remote(_PPOTrainer)
+RemedyPPOTrainer = ray.remote(_PPOTrainer)
 
 
 # ── async ──
@@ -362,7 +364,7 @@ class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
                          rollout_slots=rollout_slots, **generate_kwargs)  # fmt: skip
         seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
         old = self.samples_generator
-        self.samples_generator = AVSPOSamplesGenerator(
+        self.samples_generator = RemedySamplesGenerator(
             strategy=strategy,
             prompts_dataloader=self.prompts_dataloader,
             eval_dataloader=self.eval_dataloader,
@@ -375,12 +377,12 @@ class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
         self.prompts_dataloader = self.samples_generator.state_with_extras(self.prompts_dataloader)
 
 
-class _TrainingActor(AVSPOTrainerMixin, _async.TrainingActor.__ray_actor_class__):
+class _TrainingActor(RemedyTrainerMixin, _async.TrainingActor.__ray_actor_class__):
     def __init__(self, pretrain, strategy, *args, coordinator, **kwargs):
         check_wandb_key_in_env(strategy.args)  # before OpenRLHF's WandbLogger logs in
         super().__init__(pretrain, strategy, *args, **kwargs)
         self.coordinator = coordinator
-        self._avspo_setup()
+        self._remedy_setup()
         self.rollout_queue = _TimedQueue(self.rollout_queue, self)
 
     def _requeue(self, batches) -> None:
@@ -457,4 +459,4 @@ class _PPOTrainerAsync(_async.PPOTrainerAsync.__ray_actor_class__):
         )
 
 
-AVSPOPPOTrainerAsync = ray.remote(_PPOTrainerAsync)
+RemedyPPOTrainerAsync = ray.remote(_PPOTrainerAsync)
