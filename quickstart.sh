@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The embedded CPU default: sets up .venv on a fresh machine (bash setup.sh), then trains
-# SmolLM2-135M-Instruct on synthetic arithmetic with GRPO + AVSPO, async, on CPU (~11 min on 2 cores)
-# and prints held-out accuracy before/after. Rerun to resume. Options: bash quickstart.sh --help
+# SmolLM2-135M-Instruct on synthetic arithmetic with GRPO + AVSPO, async, on CPU (a few minutes on a
+# 2-core machine; the measured times, with the machine named, are in docs/quickstart.md) and prints
+# held-out accuracy before/after. Rerun to resume. Options: bash quickstart.sh --help
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ ! -x .venv/bin/avspo-train ]; then

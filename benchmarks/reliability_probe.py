@@ -3,7 +3,7 @@
 
     python benchmarks/reliability_probe.py [--only NAME ...] [--json out.json]
 
-Each case starts from a run that works (the tiny model, 32 arithmetic prompts, the test hash reward)
+Each case starts from a run that works (the tiny model, 32 arithmetic prompts, the arithmetic reward)
 and breaks one thing. A case counts as *rejected before Ray in one line* when the process exits
 non-zero, printed exactly one ``error`` line, no traceback, and never started Ray; a case that got
 as far as Ray is killed after ``--late-s`` seconds and counted as *late*. Prints a table and the
@@ -22,9 +22,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
 RAY_MARKERS = ("Started a local Ray instance", "joined the Ray cluster", "ray.init", "CPU split:", "(pid=")
 
@@ -122,7 +119,7 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
         ("--acr.ema_decay", "2"), ("--acr.ema_decay", "-0.1"), ("--actor.adam.lr", "-1"), ("--actor.adam.lr", "nan"),
         ("--rollout.temperature", "-1"), ("--rollout.max_new_tokens", "0"), ("--train.batch_size", "15"),
         ("--ckpt.max_num", "0"), ("--ckpt.save_steps", "0"), ("--train.async_queue_size", "0"),
-        ("--acr.volatility_window", "1"), ("--rollout.n_samples_per_prompt", "1"), ("--avspo.tau_init", "1.5"),
+        ("--acr.volatility_window", "1"), ("--rollout.n_samples_per_prompt", "1"), ("--acr.tau_init", "1.5"),
         ("--avspo.alpha", "-1"), ("--acr.window", "0"), ("--data.max_len", "8"), ("--rollout.batch_size", "0"),
         ("--run.max_steps", "-3"), ("--run.reward_timeout_s", "0"), ("--actor.eps_clip", "-0.2"),
         ("--cpu.engine_cores", "0-999"), ("--cpu.dtype", "fp8"), ("--buffer.max_staleness", "-1"),
@@ -130,7 +127,7 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
     for flag, value in numbers:
         out.append((f"{flag} {value}", lambda f, a=flag, v=value: [*f, a, v]))
     out += [
-        ("flag prefix --avspo.tau_i", lambda f: [*f, "--avspo.tau_i", "0.3"]),
+        ("flag prefix --acr.tau_i", lambda f: [*f, "--acr.tau_i", "0.3"]),
         ("unknown flag", lambda f: [*f, "--avspo.no_such_flag", "1"]),
         ("async + colocate", lambda f: [*f, "--train.async_enable", "--train.colocate_all"]),
         ("core split overlaps", lambda f: [*f, "--cpu.engine_cores", "0", "--cpu.train_cores", "0"]),
@@ -167,12 +164,13 @@ def main(argv=None) -> int:
     ap.add_argument("--late-s", type=float, default=60, help="seconds after which a case counts as late")
     ap.add_argument("--json", help="write every case's result here")
     a = ap.parse_args(argv)
-    from helpers import FIXTURES, tiny_assets  # tests/helpers.py: the tiny model and data
+    from avspo_openrlhf.cpu.tiny import tiny_assets
+    from avspo_openrlhf.rewards import arith_reward
 
     tmp = Path(tempfile.mkdtemp(prefix="avspo-probe-"))
     (tmp / "emptydir").mkdir()
-    assets = tiny_assets(tmp)
-    good_reward = str(FIXTURES / "hash_reward.py")
+    assets = tiny_assets(str(tmp))
+    good_reward = arith_reward.__file__
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONUNBUFFERED="1")
     results = {}

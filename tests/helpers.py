@@ -20,14 +20,7 @@ def shared_file(name: str) -> str:
 
 
 def tiny_assets(root: Path, n_prompts: int = 32) -> dict:
-    """The tiny random model and ``n_prompts`` arithmetic prompts (add1, add2) under ``root``: what the
-    CPU end-to-end runs train on."""
-    from avspo_openrlhf.cpu.tiny import build_tiny_model
-    from avspo_openrlhf.data.io import write_jsonl
-    from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
+    """The tiny random model and ``n_prompts`` arithmetic prompts under ``root`` (``cpu.tiny.tiny_assets``)."""
+    from avspo_openrlhf.cpu import tiny
 
-    rows = synthetic_arithmetic(n_prompts, ["add1", "add2"], seed=0)
-    for r in rows:
-        r["prompt"] = make_prompt(r["problem"])
-    write_jsonl(rows, str(root / "arith.jsonl"))
-    return {"model": build_tiny_model(str(root / "tiny")), "data": str(root / "arith.jsonl")}
+    return tiny.tiny_assets(str(root), n_prompts)

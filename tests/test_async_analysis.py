@@ -1,22 +1,19 @@
-"""experiments/async_throughput/run.py's analysis on synthetic runs (no training): the probe
-calibration, both baselines, start-up and break-even, per-seed values, the summary over workloads."""
+"""The async throughput study's analysis (``avspo_openrlhf.study.throughput``) on synthetic runs (no
+training): the probe calibration, both baselines, start-up and break-even, per-seed values, the
+summary over workloads, the host's load."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from avspo_openrlhf.study import throughput
 
 
 @pytest.fixture(scope="module")
 def exp():
-    spec = importlib.util.spec_from_file_location("async_run", ROOT / "experiments" / "async_throughput" / "run.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return throughput
 
 
 def _write_run(folder: Path, rows: list[dict], launch: float, wall: float, busy: float = 0.02):
@@ -118,6 +115,30 @@ def test_workload_presets_fill_what_was_not_given(exp):
     assert exp.build_parser().parse_args([]).seeds == [0, 1, 2]
 
 
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="no /proc/stat on this system")
 def test_host_busy_is_a_share(exp):
     busy = exp.host_busy(0.2)
-    assert math.isnan(busy) or 0.0 <= busy <= 1.0
+    assert math.isfinite(busy) and 0.0 <= busy <= 1.0
+
+
+def test_host_busy_closed_form(exp, tmp_path, monkeypatch):
+    """Busy share = 1 - (idle + iowait) / total jiffies, over this process's cores only, between two
+    reads of /proc/stat; no jiffies counted (or no /proc/stat) is nan, not a share."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    stat = tmp_path / "stat"
+
+    def write(total_per_core: int, idle: int, iowait: int) -> None:
+        # user nice system idle iowait irq softirq: user takes what idle and iowait leave
+        user = total_per_core - idle - iowait
+        lines = ["cpu  0 0 0 0 0 0 0"] + [f"cpu{c} {user} 0 0 {idle} {iowait} 0 0" for c in cores]
+        lines.append(f"cpu{max(cores) + 1} 999 0 0 0 0 0 0")  # a core this process may not use: left out
+        stat.write_text("\n".join(lines) + "\n")
+
+    write(1000, 500, 100)
+    monkeypatch.setattr(exp.time, "sleep", lambda s: write(1200, 540, 110))  # +200 jiffies, 40 idle, 10 iowait
+    assert exp.host_busy(1.0, str(stat)) == pytest.approx(1 - 50 / 200)
+    monkeypatch.setattr(exp.time, "sleep", lambda s: None)  # nothing elapsed: no share to give
+    assert math.isnan(exp.host_busy(1.0, str(stat)))
+    assert math.isnan(exp.host_busy(1.0, str(tmp_path / "missing")))

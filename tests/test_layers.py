@@ -21,6 +21,7 @@ LAYERS = [
     ("data", {"data"}),
     ("reports and the pipeline simulator", {"report", "sim"}),
     ("trainer: the OpenRLHF integration", {"trainer"}),
+    ("the TRL and verl integrations: adapters over the pure math", {"integrations"}),
     (
         "backends: CPU backend, benchmark evaluation, run-time replacements, cluster helpers",
         {"cpu", "math_eval", "install", "cluster"},

@@ -19,7 +19,7 @@ from avspo_openrlhf.trainer import config
 pytest.importorskip("openrlhf")
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
 
-from avspo_openrlhf.trainer.experience_maker import AVSPOExperienceMaker  # noqa: E402
+from avspo_openrlhf.trainer.experience_maker import RemedyExperienceMaker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUR_FLAGS = [f for flags in config.FLAGS.values() for f, _ in flags]
@@ -52,9 +52,9 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
     "flags, msg",
     [
         (["--avspo.enable", "--algo.advantage.estimator", "rloo"], "group_norm"),
-        (["--avspo.enable", "--avspo.tau_init", "0.95"], "tau_bounds"),
-        (["--avspo.tau_init", "1.5"], "tau_bounds"),  # AVSPO off: the threshold is still built, in an actor
-        (["--avspo.tau_bounds", "0.5", "1.5"], "ACR is a rate"),
+        (["--avspo.enable", "--acr.tau_init", "0.95"], "tau_bounds"),
+        (["--acr.tau_init", "1.5"], "tau_bounds"),  # AVSPO off: the threshold is still built, in an actor
+        (["--acr.tau_bounds", "0.5", "1.5"], "ACR is a rate"),
         (["--run.max_steps", "-3"], "--run.max_steps must be >= 1"),
         (["--data.max_len", "8", "--rollout.max_new_tokens", "12"], "leaves no room for a prompt"),
         (["--avspo.alpha", "-1"], "--avspo.alpha must be > 0"),
@@ -91,10 +91,10 @@ def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
 
 
 @pytest.mark.parametrize(
-    "flags", [["--avspo.tau_i", "0.3"], ["--logger.wandb.ke", "sk-secret"], ["--actor.adam.l", "1"]]
+    "flags", [["--acr.tau_i", "0.3"], ["--logger.wandb.ke", "sk-secret"], ["--actor.adam.l", "1"]]
 )
 def test_a_flag_prefix_is_refused_not_taken_for_the_flag(flags, capsys):
-    """argparse would take `--avspo.tau_i 0.3` for --avspo.tau_init without a word."""
+    """argparse would take `--acr.tau_i 0.3` for --acr.tau_init without a word."""
     with pytest.raises(SystemExit) as exc:
         parse(*flags)
     assert exc.value.code == 2 and f"unrecognized arguments: {flags[0]}" in capsys.readouterr().err
@@ -116,11 +116,7 @@ def test_our_command_line_tools_refuse_flag_prefixes():
 
 
 def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():
-    import inspect
-    from dataclasses import FrozenInstanceError, fields
-
-    from avspo_openrlhf.algo.controller import AVSPOController
-    from avspo_openrlhf.algo.monitors import ACRTracker
+    from dataclasses import FrozenInstanceError
 
     assert config.settings(SimpleNamespace()) == config.Settings()  # args built without our parser
     args = parse("--avspo.enable", "--avspo.alpha", "0.7", "--acr.window", "3", "--monitor.stop_on_alarm", "kl_drift",
@@ -130,14 +126,14 @@ def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():
     with pytest.raises(FrozenInstanceError):
         cfg.avspo.alpha = 1.0
     ctrl = config.build_controller(args)
-    assert ctrl.enable and ctrl.adv_kwargs["alpha"] == 0.7 and ctrl.adv_kwargs["fixed_k"] == 4
+    # the controller holds the typed configs themselves (tests/test_config_defaults.py checks that each
+    # field changes what it does)
+    assert ctrl.estimator == "avspo" and ctrl.config == cfg.avspo and ctrl.acr == cfg.acr
+    assert ctrl.config.alpha == 0.7 and ctrl.config.num_virtual == 4
     assert ctrl.tracker.recent.maxlen == 3 and ctrl.entropy is None
-    # every field of the algorithm groups reaches the controller by name, or is mapped, or is the trainer's
-    params = set(inspect.signature(AVSPOController).parameters) | set(inspect.signature(ACRTracker).parameters)
-    elsewhere = {"num_virtual", "seed", "disable_entropy", "kl_source", "stop_on_alarm"}
-    for cls in (config.ACRConfig, config.AVSPOConfig, config.MonitorConfig):
-        for f in fields(cls):
-            assert f.name in params | elsewhere, f"{cls.__name__}.{f.name} reaches neither controller nor trainer"
+    for remedy in ("ngrpo", "rl_zvp", "sign"):
+        ctrl = config.build_controller(parse(f"--{remedy}.enable"))
+        assert ctrl.estimator == remedy and ctrl.config.enable
 
 
 def test_parsing_patches_nothing_and_leaves_openrlhf_main_untouched():
@@ -220,17 +216,17 @@ def test_documented_gpu_command_parses_with_the_real_parser(where):
     assert "Qwen2.5-Math-1.5B" in args.actor.model_name_or_path
 
 
-def test_readme_flag_table_lists_every_flag():
-    readme = (ROOT / "README.md").read_text()
+def test_docs_flag_table_lists_every_flag():
+    flags_page = (ROOT / "docs" / "flags.md").read_text()
     for flag in OUR_FLAGS:
-        assert f"`{flag}`" in readme, flag
+        assert f"`{flag}`" in flags_page, flag
 
 
 # ── experience maker ──
 
 
 def _both(args, samples, kl_coef=0.0):
-    ours = make_maker(args, AVSPOExperienceMaker, kl_coef)
+    ours = make_maker(args, RemedyExperienceMaker, kl_coef)
     theirs = make_maker(copy.deepcopy(args), RemoteExperienceMaker, kl_coef)
     e1 = ours.compute_advantages_and_returns(experiences_with_kl(ours, copy.deepcopy(samples)))
     e2 = theirs.compute_advantages_and_returns(experiences_with_kl(theirs, copy.deepcopy(samples)))
@@ -245,7 +241,7 @@ REWARDS = torch.tensor(
 @pytest.mark.parametrize("avspo", [False, True])
 def test_maker_equals_openrlhf_group_norm_when_off_or_gate_closed(avspo):
     flags = (
-        ["--avspo.enable", "--avspo.std", "unbiased", "--avspo.eps", "1e-9", "--avspo.tau_init", "0.9"] if avspo else []
+        ["--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9"] if avspo else []
     )
     args = parse(*flags, "--acr.window", "1")
     ours, e1, e2 = _both(args, rollout_samples(REWARDS), kl_coef=0.05)
@@ -263,7 +259,7 @@ def test_maker_equals_openrlhf_group_norm_when_off_or_gate_closed(avspo):
 
 
 def test_maker_gives_algorithm_md_numbers_with_the_gate_open_and_keeps_kl():
-    args = parse("--avspo.enable", "--acr.window", "1", "--avspo.tau_init", "0.3")
+    args = parse("--avspo.enable", "--acr.window", "1", "--acr.tau_init", "0.3")
     kl_coef = 0.05
     ours, e1, _ = _both(args, rollout_samples(REWARDS), kl_coef=kl_coef)
     m = ours.last_metrics
@@ -286,7 +282,7 @@ def test_overlong_penalty_is_applied_before_the_group_statistics():
     flags = ["--reward.overlong_buffer_len", "4", "--rollout.max_new_tokens", "12"]
     lengths = torch.full((4, 8), 4)
     lengths[1, 0] = 12  # an all-wrong group with one overlong sample: a "phantom" advantage
-    args = parse(*flags, "--avspo.enable", "--avspo.std", "unbiased", "--avspo.eps", "1e-9", "--avspo.tau_init", "0.9")
+    args = parse(*flags, "--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9")
     ours, e1, e2 = _both(args, rollout_samples(REWARDS, lengths))
     for a, b in zip(e1, e2):
         assert torch.allclose(a.advantages, b.advantages, atol=1e-6, rtol=1e-6)
@@ -301,7 +297,7 @@ def test_nan_reward_is_reported():
     rewards = REWARDS.clone()
     rewards[2, 3] = float("nan")
     args = parse()
-    maker = make_maker(args, AVSPOExperienceMaker)
+    maker = make_maker(args, RemedyExperienceMaker)
     with pytest.raises(ValueError, match="non-finite"):
         maker.compute_advantages_and_returns(experiences_with_kl(maker, rollout_samples(rewards)))
 
@@ -323,9 +319,9 @@ class _Group:
 def _trainer(args):
     from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
-    from avspo_openrlhf.trainer.trainers import AVSPOTrainerMixin
+    from avspo_openrlhf.trainer.trainers import RemedyTrainerMixin
 
-    class Trainer(AVSPOTrainerMixin, BasePPOTrainer):
+    class Trainer(RemedyTrainerMixin, BasePPOTrainer):
         pass
 
     t = Trainer.__new__(Trainer)
@@ -335,7 +331,7 @@ def _trainer(args):
     t.kl_ctl = SimpleNamespace(value=0.0)
     t.wandb_logger = t.tensorboard_logger = None
     t.best_eval_metric_key, t.best_eval_metric_value, t._latest_eval_metric_value = "", float("-inf"), None
-    t._avspo_setup()
+    t._remedy_setup()
     t.samples_generator = SimpleNamespace(stop=False)
     return t
 
@@ -359,6 +355,22 @@ def test_state_is_saved_in_checkpoints_and_restored_exactly():
         a1, m1 = t.controller.step(r)
         a2, m2 = resumed.controller.step(r)
         assert torch.equal(a1, a2) and m1 == m2
+
+
+def test_a_checkpoint_written_before_the_rename_resumes_exactly():
+    """tests/fixtures/client_states_4799b8b.json: the client states 4799b8b's trainer saved (key
+    ``avspo_state``) and what its controller computed on the next batches; today's trainer resumes
+    from them and computes the same."""
+    from avspo_openrlhf.trainer.trainers import LEGACY_STATE_KEYS, STATE_KEY
+
+    old = json.loads((Path(__file__).parent / "fixtures" / "client_states_4799b8b.json").read_text())
+    assert "avspo_state" in old["client_states"] and "avspo_state" in LEGACY_STATE_KEYS and STATE_KEY != "avspo_state"
+    t = _trainer(parse(*old["flags"]))
+    t.restore_best_checkpoint_state(old["client_states"])
+    assert t.policy_version == 3 and t.controller.steps == 3
+    for batch in old["continuation"]:
+        adv, metrics = t.controller.step(torch.tensor(batch["rewards"]))
+        assert adv.tolist() == batch["advantages"] and metrics == batch["metrics"]
 
 
 def test_non_finite_loss_stops_before_the_weights_are_synced(monkeypatch):

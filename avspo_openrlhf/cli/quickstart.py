@@ -1,7 +1,8 @@
 """The embedded CPU default (``bash quickstart.sh``): SmolLM2-135M-Instruct learns synthetic
-arithmetic with GRPO + AVSPO, async, on one CPU machine (~11 min on 2 cores), through the same
-``avspo-train`` a cluster uses; held-out accuracy before, during and after, the gain with a 95 %
-bootstrap interval per level, plots, a summary table. Rerunning resumes.
+arithmetic with GRPO + AVSPO, async, on one CPU machine (a few minutes on a 2-core machine; measured
+times in docs/quickstart.md), through the same ``avspo-train`` a cluster uses; held-out accuracy
+before, during and after, the gain with a 95 % bootstrap interval per level, plots, a summary table.
+Rerunning resumes.
 
 Steps: prepare the model (the PyPI-packaged GGUF -> HF folder, cached) and the data (seeded train
 and held-out arithmetic, levels add1 / mul1 / add2) -> evaluate the initial model on the held-out
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,29 +23,36 @@ import threading
 import time
 from pathlib import Path
 
+from avspo_openrlhf.cli.console import VERBOSE_ENV, follow_log, quiet_console, verbose_setting
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES, cpu_kind
+from avspo_openrlhf.stats import bootstrap_gain  # the held-out gain's interval, as the studies compute it
 
 LEVELS = ["add1", "mul1", "add2"]
 
 
-def _run(cmd: list[str], log: Path, progress: StepProgress | None = None) -> None:
-    print(f"[quickstart] $ {' '.join(cmd[:4])} ... (log: {log})", flush=True)
-    with open(log, "a", encoding="utf-8") as f:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        # Ctrl-C reaches the child too: let it checkpoint and exit (130) while we keep relaying its output
+def run_command(cmd: list[str], log: Path, progress: StepProgress | None = None, verbose: bool = False) -> None:
+    """Run ``cmd`` with ``log`` as its stdout and stderr (everything it and its children print is
+    kept), the project's lines copied to this terminal (every line when ``verbose``); a failure shows
+    the log's last lines and exits."""
+    with open(log, "ab") as f, follow_log(log, verbose):
+        f.write(f"$ {shlex.join(cmd)}\n".encode())
+        f.flush()
+        # its console is the log: it prints everything there (its own quiet mode would split the log)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, VERBOSE_ENV: "1"})
+        # Ctrl-C reaches the child too: let it checkpoint and exit (130) while we wait for it
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         if progress is not None:
             progress.start()
         try:
-            _relay(proc, f)
+            proc.wait()
         finally:
             signal.signal(signal.SIGINT, previous)
             if progress is not None:
                 progress.stop()
-        if proc.wait() in (130, -signal.SIGINT):
+        if proc.returncode in (130, -signal.SIGINT):
             raise KeyboardInterrupt
         if proc.returncode != 0:
-            raise SystemExit(f"[quickstart] failed (exit {proc.returncode}); see {log}")
+            raise SystemExit(f"[quickstart] failed (exit {proc.returncode}); the whole log: {log}")
 
 
 class StepProgress:
@@ -91,17 +101,9 @@ class StepProgress:
                 return
 
 
-def _relay(proc, f) -> None:
-    for line in proc.stdout:  # keep step lines and errors visible, everything in the log
-        f.write(line)
-        if "Episode [" in line:  # OpenRLHF's bar counts prompts, not steps (StepProgress prints steps)
-            continue
-        if any(s in line for s in ("Global step", "[avspo", "problems (", "| ", "Error", "error:")):
-            sys.stdout.write(line if len(line) < 400 else line[:400] + " ...\n")
-            sys.stdout.flush()
-
-
-def _data(out: Path, steps: int, per_step: int, heldout: int, seed: int) -> tuple[str, str]:
+def write_data(out: Path, steps: int, per_step: int, heldout: int, seed: int) -> tuple[str, str]:
+    """The seeded training prompts (``steps`` x ``per_step``) and ``heldout`` held-out problems
+    under ``out``; returns their paths."""
     from avspo_openrlhf.data.io import write_jsonl
     from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
 
@@ -124,9 +126,13 @@ def eval_flags(args, model: str, heldout: str, out: Path) -> list[str]:
             "--seed", str(args.seed), "--cpu-dtype", args.dtype, "--output", str(out)]  # fmt: skip
 
 
-def _eval(model: str, heldout: str, out: Path, args, log: Path) -> dict:
+def evaluate_heldout(model: str, heldout: str, out: Path, args, log: Path) -> dict:
+    """``model``'s held-out summary (``avspo-eval`` into ``out`` with ``eval_flags``; an
+    evaluation already in ``out`` is read, not run again)."""
     if not (out / "summary.json").exists():
-        _run([sys.executable, "-m", "avspo_openrlhf.cli.evaluate", *eval_flags(args, model, heldout, out)], log)
+        print(f"[quickstart] evaluating {Path(model).name} on the held-out problems ({args.eval_n} samples each)",
+              flush=True)  # fmt: skip
+        run_command([sys.executable, "-m", "avspo_openrlhf.cli.evaluate", *eval_flags(args, model, heldout, out)], log)
     return json.loads((out / "summary.json").read_text())["benchmarks"]["arith"]
 
 
@@ -179,38 +185,18 @@ def train_flags(args, model: str, train: str, out: Path, heldout: str | None = N
         flags += ["--eval.dataset", _mid_eval_file(heldout, args.mid_eval_problems), "--eval.steps",
                   str(args.eval_steps), "--eval.temperature", "0.7", "--eval.n_samples_per_prompt", "2"]  # fmt: skip
     if not args.grpo:
-        flags += ["--avspo.enable", "--avspo.tau_init", str(args.tau_init)]
+        flags += ["--avspo.enable", "--acr.tau_init", str(args.tau_init)]
     if not args.sync:
         flags.append("--train.async_enable")
     return flags + list(args.extra)
 
 
-def _records(eval_dir: Path) -> list[dict]:
+def eval_records(eval_dir: Path) -> list[dict]:
+    """The per-problem records of an evaluation folder (empty when it has none)."""
     from avspo_openrlhf.data.io import read_jsonl
 
     path = eval_dir / "arith" / "records.jsonl"
     return read_jsonl(str(path)) if path.exists() else []
-
-
-def bootstrap_gain(before: list[dict], after: list[dict], n_boot: int = 10_000, seed: int = 0) -> dict:
-    """Held-out gain after - before with a paired 95 % bootstrap interval over problems (the same
-    problems are evaluated twice; each problem's accuracy is the mean over its n samples).
-    Returns ``{"all" | level: (gain, lo, hi)}`` as fractions."""
-    import numpy as np
-
-    acc_b = {r["unique_id"]: (r.get("level"), float(np.mean(r["correct"]))) for r in before}
-    acc_a = {r["unique_id"]: float(np.mean(r["correct"])) for r in after}
-    ids = sorted(set(acc_b) & set(acc_a))
-    groups = {"all": ids, **{lv: [i for i in ids if acc_b[i][0] == lv] for lv in LEVELS}}
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, members in groups.items():
-        if not members:
-            continue
-        d = np.array([acc_a[i] - acc_b[i][1] for i in members])
-        boots = d[rng.integers(0, len(d), size=(n_boot, len(d)))].mean(axis=1)
-        out[name] = (float(d.mean()), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)))
-    return out
 
 
 def _fmt_gain(g) -> str:
@@ -360,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpo", action="store_true", help="plain GRPO (AVSPO off; ACR still measured)")
     p.add_argument("--sync", action="store_true", help="synchronous instead of async rollouts")
+    p.add_argument("--verbose", action="store_true", help="show every stage's output (vLLM, DeepSpeed, Ray, OpenRLHF) "
+                   "here too, not only in <out>/quickstart.log (AVSPO_VERBOSE=1 does the same)")  # fmt: skip
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags")
     return p
 
@@ -373,29 +361,37 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "quickstart.log"
-    model = prepare(args.model) if args.model in ("smollm2", "tiny") else args.model
-    train, heldout = _data(out / "data", args.steps, args.prompts_per_step, args.heldout, args.seed)
-    try:
-        before = _eval(model, heldout, out / "eval_before", args, log)
-        final = out / "final"
-        if final.exists() and not model_is_complete(str(final)):  # killed while saving it
-            print(f"[quickstart] {final} is incomplete (its save was interrupted): removing it; training resumes "
-                  "from the last checkpoint and saves the final model again", flush=True)  # fmt: skip
-            shutil.rmtree(final)
-        if not model_is_complete(str(final)):
-            progress = StepProgress(out / "report" / "metrics.jsonl", args.steps)
-            _run([sys.executable, "-m", "avspo_openrlhf.cli.train", *train_flags(args, model, train, out, heldout)],
-                 log, progress)  # fmt: skip
-        else:
-            print(f"[quickstart] training already finished ({final}); delete it to train again")
-        after = _eval(str(final), heldout, out / "eval_after", args, log)
-    except KeyboardInterrupt:
-        print(f"\n[quickstart] stopped; the checkpoint is in {out / 'ckpt'}. Run the same command again to resume.",
-              file=sys.stderr)  # fmt: skip
-        return 130
+    verbose = args.verbose or verbose_setting() is True
+    print(f"[quickstart] log: {log} (everything the stages print: vLLM, DeepSpeed, Ray, OpenRLHF; "
+          f"{'shown here too' if verbose else '--verbose or AVSPO_VERBOSE=1 shows it here'})", flush=True)  # fmt: skip
+    with quiet_console(log, verbose):
+        print("[quickstart] preparing the model and the data", flush=True)
+        model = prepare(args.model) if args.model in ("smollm2", "tiny") else args.model
+        train, heldout = write_data(out / "data", args.steps, args.prompts_per_step, args.heldout, args.seed)
+        try:
+            before = evaluate_heldout(model, heldout, out / "eval_before", args, log)
+            print(f"[quickstart] held-out pass@1 before training: {100 * before['pass@1']:.1f} %", flush=True)
+            final = out / "final"
+            if final.exists() and not model_is_complete(str(final)):  # killed while saving it
+                print(f"[quickstart] {final} is incomplete (its save was interrupted): removing it; training resumes "
+                      "from the last checkpoint and saves the final model again", flush=True)  # fmt: skip
+                shutil.rmtree(final)
+            if not model_is_complete(str(final)):
+                print(f"[quickstart] training {args.steps} steps (start-up first: Ray, the vLLM engine, DeepSpeed)",
+                      flush=True)  # fmt: skip
+                progress = StepProgress(out / "report" / "metrics.jsonl", args.steps)
+                run_command([sys.executable, "-m", "avspo_openrlhf.cli.train", *train_flags(args, model, train, out, heldout)],
+                            log, progress)  # fmt: skip
+            else:
+                print(f"[quickstart] training already finished ({final}); delete it to train again", flush=True)
+            after = evaluate_heldout(str(final), heldout, out / "eval_after", args, log)
+        except KeyboardInterrupt:
+            print(f"\n[quickstart] stopped; the checkpoint is in {out / 'ckpt'}. Run the same command again to resume.",
+                  file=sys.stderr)  # fmt: skip
+            return 130
     rows, evals = read_metrics(str(out / "report" / "metrics.jsonl"))
     label = f"{Path(model).name}, {'GRPO' if args.grpo else 'GRPO + AVSPO'}, {'sync' if args.sync else 'async'}"
-    gains = bootstrap_gain(_records(out / "eval_before"), _records(out / "eval_after"), seed=args.seed)
+    gains = bootstrap_gain(eval_records(out / "eval_before"), eval_records(out / "eval_after"), seed=args.seed)
     precisions = stage_precisions(out)
     table = summary_table(before, after, rows, time.time() - t0, label, gains, precisions)
     plot_heldout(before, after, out / "report" / "plots" / "heldout_accuracy.png", evals, len(rows) or args.steps)

@@ -53,3 +53,16 @@ def build_tiny_model(out_dir: str, seed: int = 0, hidden: int = 64, layers: int 
     )
     Qwen2ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(out_dir)
     return out_dir
+
+
+def tiny_assets(root: str, n_prompts: int = 32) -> dict[str, str]:
+    """The tiny random model and ``n_prompts`` arithmetic prompts (add1, add2) under ``root``: what the
+    CPU end-to-end tests and the reliability probe train on. Returns ``{"model", "data"}`` paths."""
+    from avspo_openrlhf.data.io import write_jsonl
+    from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
+
+    rows = synthetic_arithmetic(n_prompts, ["add1", "add2"], seed=0)
+    for r in rows:
+        r["prompt"] = make_prompt(r["problem"])
+    write_jsonl(rows, os.path.join(root, "arith.jsonl"))
+    return {"model": build_tiny_model(os.path.join(root, "tiny")), "data": os.path.join(root, "arith.jsonl")}

@@ -1,5 +1,5 @@
 """The quickstart's default over several seeds: wall time and held-out gain with its 95 % bootstrap
-interval per seed and level (what the README reports).
+interval per seed and level (docs/quickstart.md and this folder's README.md include its results.md).
 
     python experiments/quickstart_default/run.py --seeds 0 1 2 --out runs/quickstart_seeds
 

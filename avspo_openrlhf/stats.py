@@ -1,0 +1,173 @@
+"""The statistics of the studies and the quickstart, one implementation each: paired bootstrap
+intervals (over problems, or over seeds and problems), the exact sign-flip test, Student-t
+intervals and Pearson's r with its interval.
+
+Pure Python and numpy (scipy is not a dependency): the Student-t distribution is computed here,
+its CDF from the regularized incomplete beta function (continued fraction, Numerical Recipes 3rd
+ed. §6.4) and its quantile by bisection on that CDF, exact to about 1e-12.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+import numpy as np
+
+# ── Student t ──
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the incomplete beta function (modified Lentz), valid for
+    x < (a + 1) / (a + b + 2)."""
+    tiny, eps = 1e-300, 1e-15
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 10_000):
+        m2 = 2 * m
+        for num in (
+            m * (b - m) * x / ((a + m2 - 1) * (a + m2)),
+            -(a + m) * (a + b + m) * x / ((a + m2) * (a + m2 + 1)),
+        ):
+            d = 1.0 + num * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < eps:
+            return h
+    raise ArithmeticError(f"incomplete beta: no convergence for a={a}, b={b}, x={x}")
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b)."""
+    if not 0.0 <= x <= 1.0:
+        raise ValueError(f"betainc: x = {x} is outside [0, 1]")
+    if x in (0.0, 1.0):
+        return x
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    if df <= 0:
+        raise ValueError(f"t_cdf: df must be > 0, got {df}")
+    tail = 0.5 * betainc(df / 2, 0.5, df / (df + t * t))  # P(T > |t|)
+    return 1.0 - tail if t >= 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on ``t_cdf``)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"t_quantile: p must be in (0, 1), got {p}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, 2 * hi
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float, float]:
+    """Mean, standard deviation (n - 1) and the two-sided ``level`` t interval of the mean:
+    ``(mean, sd, lo, hi)``. Needs two values or more."""
+    if len(xs) < 2:
+        raise ValueError(f"t_interval: needs 2 values or more, got {len(xs)}")
+    mean, sd = statistics.mean(xs), statistics.stdev(xs)
+    half = t_quantile(0.5 + level / 2, len(xs) - 1) * sd / math.sqrt(len(xs))
+    return mean, sd, mean - half, mean + half
+
+
+# ── paired tests ──
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Exact two-sided paired permutation test: the share of the 2^n sign flips of the paired
+    differences whose |sum| reaches the observed one. With n pairs the smallest p is 2 / 2^n."""
+    n = len(diffs)
+    if n == 0:
+        return float("nan")
+    if n > 20:  # 2^n patterns held at once
+        raise ValueError(f"sign_flip_p: {n} pairs; the exact test enumerates 2^n sign flips, 20 pairs at most")
+    d = np.asarray(diffs, dtype=float)
+    signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)  # [2^n, n], every pattern of +-1
+    return float(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12))
+
+
+def bootstrap_mean(d, rng: np.random.Generator, n_boot: int = 10_000) -> tuple[float, float, float, float]:
+    """Mean of paired differences ``d`` with a 95 % percentile bootstrap interval and a two-sided
+    bootstrap p-value: ``(mean, lo, hi, p)``. ``d`` is [S, P]: per seed (rows) and problem (columns);
+    each replicate resamples the seeds, then the problems (the same problems for every seed). One
+    row: the problems alone. ``rng`` is drawn from, so calls that share it continue its stream."""
+    d = np.atleast_2d(np.asarray(d, dtype=float))
+    if d.size == 0:
+        return float("nan"), float("nan"), float("nan"), float("nan")
+    if d.shape[0] == 1:
+        boots = d[0][rng.integers(0, d.shape[1], size=(n_boot, d.shape[1]))].mean(axis=1)
+    else:
+        s_idx = rng.integers(0, d.shape[0], size=(n_boot, d.shape[0]))
+        p_idx = rng.integers(0, d.shape[1], size=(n_boot, d.shape[1]))
+        boots = np.array([d[s][:, p].mean() for s, p in zip(s_idx, p_idx)])
+    p = float(min(1.0, 2 * min((boots <= 0).mean(), (boots >= 0).mean())))
+    return float(d.mean()), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)), p
+
+
+def bootstrap_gain(before: list[dict], after: list[dict], n_boot: int = 10_000, seed: int = 0,
+                   levels: Sequence[str] | None = None) -> dict[str, tuple[float, float, float]]:  # fmt: skip
+    """Held-out gain after - before of one model on the same problems (evaluation records with
+    ``unique_id``, ``level`` and per-sample ``correct``), with a paired 95 % bootstrap interval over
+    problems (a problem's accuracy is the mean over its samples). Returns ``{"all" | level: (gain,
+    lo, hi)}`` as fractions; ``levels`` default to the order the records first name them."""
+    acc_b = {r["unique_id"]: (r.get("level"), float(np.mean(r["correct"]))) for r in before}
+    acc_a = {r["unique_id"]: float(np.mean(r["correct"])) for r in after}
+    ids = sorted(set(acc_b) & set(acc_a))
+    if levels is None:
+        levels = list(dict.fromkeys(r.get("level") for r in before if r.get("level") is not None))
+    groups = {"all": ids, **{lv: [i for i in ids if acc_b[i][0] == lv] for lv in levels}}
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, members in groups.items():
+        if members:
+            mean, lo, hi, _ = bootstrap_mean([acc_a[i] - acc_b[i][1] for i in members], rng, n_boot)
+            out[name] = (mean, lo, hi)
+    return out
+
+
+# ── correlation ──
+
+
+def pearson(x: Sequence[float], y: Sequence[float], centred_groups: int = 0) -> dict:
+    """Pearson's r of paired values with its 95 % interval from Fisher's z (atanh(r) is about normal
+    with sd 1 / sqrt(n - 3 - k)), R² and the two-sided p of r = 0 (t test, n - 2 - k degrees of
+    freedom). ``centred_groups``: the values were centred within that many groups first (a partial
+    correlation given the groups: k = groups - 1 degrees of freedom fewer). Returns ``{"n", "r",
+    "ci95", "r2", "p"}``: the interval None below 4 + k pairs, everything but n None below 3 + k
+    pairs or where either variable is constant."""
+    n, k = len(x), max(0, centred_groups - 1)
+    if n != len(y):
+        raise ValueError(f"pearson: {n} x values, {len(y)} y values")
+    out = {"n": n, "r": None, "ci95": None, "r2": None, "p": None}
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    dx, dy = xa - xa.mean() if n else xa, ya - ya.mean() if n else ya
+    sxx, syy = float(dx @ dx), float(dy @ dy)
+    if n - k < 3 or sxx <= 0 or syy <= 0:
+        return out
+    r = float(dx @ dy) / math.sqrt(sxx * syy)
+    r = math.copysign(1.0, r) if abs(r) > 1 - 1e-12 else r  # points on a line: exactly +-1, not 0.9999...
+    df = n - 2 - k
+    p = 0.0 if abs(r) == 1 else 2 * (1 - t_cdf(abs(r) * math.sqrt(df / (1 - r * r)), df))
+    out.update(r=r, r2=r * r, p=p)
+    if n - 3 - k >= 1:
+        half = statistics.NormalDist().inv_cdf(0.975) / math.sqrt(n - 3 - k)
+        out["ci95"] = [r, r] if abs(r) == 1 else [math.tanh(math.atanh(r) - half), math.tanh(math.atanh(r) + half)]
+    return out

@@ -1,0 +1,52 @@
+"""The studies' table cells, with one ± convention: mean ± standard deviation over seeds (n - 1),
+stated in the header of every table that uses it (``SD_NOTE``)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+
+SD_NOTE = "± is the standard deviation over seeds"
+
+
+def mean_sd(xs, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    """``mean ± sd`` of ``xs`` times ``scale``; one value alone (no spread to show), '-' for none."""
+    if not xs:
+        return "-"
+    if len(xs) == 1:
+        return fmt.format(xs[0] * scale)
+    return f"{fmt.format(statistics.mean(xs) * scale)} ± {fmt.format(statistics.stdev(xs) * scale)}"
+
+
+def mean(xs, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    return fmt.format(statistics.mean(xs) * scale) if xs else "-"
+
+
+def fmt_compare(c: dict | None) -> str:
+    """A paired comparison (``compare.compare``) in points: mean [95 % interval], p = bootstrap /
+    exact sign-flip (seeds)."""
+    if c is None:
+        return "-"
+    return (f"{100 * c['diff']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}], "
+            f"p={c['p_bootstrap']:.3f} / {c['p_sign_flip']:.3f} ({c['seeds']})")  # fmt: skip
+
+
+def cpu_line(results: list[dict]) -> str:
+    """The CPUs the runs ran on, with their run counts: a study resumed on another machine (native
+    bf16 or not) says so rather than naming the machine that wrote the report."""
+    kinds = collections.Counter(r.get("cpu", "not recorded") for r in results)
+    return "; ".join(f"{k} ({n} run{'s' * (n != 1)})" for k, n in sorted(kinds.items()))
+
+
+def precisions(results: list[dict]) -> list[dict]:
+    """The distinct per-stage precisions the runs recorded, each once."""
+    return [json.loads(p) for p in sorted({json.dumps(r.get("precision", {}), sort_keys=True) for r in results})]
+
+
+def precision_lines(results: list[dict]) -> list[str]:
+    """One ``Precision: stage value; ...`` line per distinct set of per-stage precisions."""
+    return [
+        "\nPrecision: " + ("; ".join(f"{k} {v}" for k, v in p.items()) or "not recorded") + "."
+        for p in precisions(results)
+    ]

@@ -1,0 +1,133 @@
+"""mkdocs hooks (mkdocs.yml ``hooks:``): what the docs site needs beyond ``docs/``.
+
+1. The pages that live beside their code (each study's ``experiments/<study>/README.md`` with its
+   generated ``results*.md`` and plots, ``eval/README.md``, ``datasets/README.md``,
+   ``launch_scripts/configs/README.md``) are mounted at their repository paths, so the links
+   between them work on the site as on GitHub. A link a ``docs/`` page writes as on GitHub
+   (``../experiments/remedies/README.md``) is mapped to the mounted page.
+2. ``<!-- generated: collapsed-group-advantages -->`` in a page becomes the table of the advantage
+   each remedy gives a collapsed group, computed by the code at build time (never typed by hand).
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File, InclusionLevel
+
+ROOT = Path(__file__).resolve().parent.parent
+MOUNTED = {  # folder -> file suffixes mounted from it (recursively)
+    "experiments": (".md", ".png"),
+    "eval": ("README.md",),
+    "datasets": ("README.md",),
+    "launch_scripts/configs": ("README.md",),
+}
+LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s#]+)(#[^)\s]*)?((?:\s+\"[^\"]*\")?\))")
+TABLE_MARKER = "<!-- generated: collapsed-group-advantages -->"
+
+
+def _mounted(repo_path: str) -> bool:
+    return any(
+        repo_path.startswith(folder + "/") and repo_path.endswith(suffixes) for folder, suffixes in MOUNTED.items()
+    )
+
+
+def _site_path(repo_path: str) -> str | None:
+    if repo_path.startswith("docs/"):
+        return repo_path[len("docs/") :]
+    return repo_path if _mounted(repo_path) else None
+
+
+def on_config(config):
+    # snippets resolve from the repository root wherever mkdocs is started (mkdocs.yml says ".")
+    config.mdx_configs["pymdownx.snippets"]["base_path"] = [str(ROOT)]
+    return config
+
+
+def on_files(files, config):
+    for folder, suffixes in MOUNTED.items():
+        for path in sorted((ROOT / folder).rglob("*")):
+            rel = path.relative_to(ROOT).as_posix()
+            if path.is_file() and rel.endswith(suffixes) and "/runs/" not in rel:
+                # a study's generated tables are included in its page and linked from it, not in the nav
+                inclusion = InclusionLevel.INCLUDED if path.name == "README.md" else InclusionLevel.NOT_IN_NAV
+                files.append(File.generated(config, rel, abs_src_path=str(path), inclusion=inclusion))
+    return files
+
+
+def _repo_path(page) -> str:
+    src = Path(page.file.abs_src_path).resolve()
+    return src.relative_to(ROOT).as_posix()
+
+
+def _rewrite_links(markdown: str, repo_path: str) -> str:
+    """A relative link written for GitHub (from the page's repository path) -> the same target on
+    the site (where docs/ is the root and the mounted folders keep their paths)."""
+    here_repo, here_site = posixpath.dirname(repo_path), posixpath.dirname(_site_path(repo_path) or "")
+
+    def fix(m: re.Match) -> str:
+        target = m.group(2)
+        if "://" in target or target.startswith(("/", "mailto:")):
+            return m.group(0)
+        site = _site_path(posixpath.normpath(posixpath.join(here_repo, target)))
+        if site is None:
+            return m.group(0)  # not on the site: the strict build names it
+        new = posixpath.relpath(site, here_site or ".")
+        return f"{m.group(1)}{new}{m.group(3) or ''}{m.group(4)}"
+
+    return LINK.sub(fix, markdown)
+
+
+def collapsed_group_table(g: int = 8) -> str:
+    """The advantage each remedy gives the samples of a collapsed group of ``g`` 0/1 rewards (and,
+    for comparison, of a mixed group with one right answer), from the estimators themselves."""
+    import torch
+
+    from avspo_openrlhf.algo import AVSPOConfig, GRPOConfig, NGRPOConfig, RLZVPConfig, group_advantages
+
+    rewards = torch.tensor([[1.0] * g, [0.0] * g, [1.0] + [0.0] * (g - 1)], dtype=torch.float64)
+
+    def values(estimator, config=None):
+        adv, _ = group_advantages(rewards, estimator, config, acr_gate=1.0, tau_adapt=0.0)  # gate open
+        picked = (adv[0, 0].item(), adv[1, 0].item(), adv[2, 0].item(), adv[2, 1].item())
+        return [f"{v:+.3f}" if abs(v) >= 5e-4 else "0" for v in picked]
+
+    def row(name, flag, estimator, config=None, collapsed=None):
+        right, wrong, mixed_right, mixed_wrong = values(estimator, config)
+        right, wrong = collapsed or (right, wrong)
+        return f"| {name} | {flag} | {right} | {wrong} | {mixed_right} / {mixed_wrong} |"
+
+    alpha = RLZVPConfig().alpha
+    rows = [
+        f"| remedy | flag | all-right group | all-wrong group | mixed group, 1 of {g} right: right / wrong |",
+        "| --- | --- | --- | --- | --- |",
+        row("GRPO, population std (the paper's)", "(pure API)", "grpo"),
+        row("GRPO, unbiased std (OpenRLHF's `group_norm`)", "(none)", "grpo", GRPOConfig("unbiased", 1e-9)),
+        row("Dr. GRPO (centred only)", "(pure API)", "dr_grpo"),
+    ]
+    rows += [
+        row(f"AVSPO, stratified, K = {k}", "`--avspo.enable`", "avspo", AVSPOConfig(num_virtual=k))
+        for k in (1, g // 2, g)
+    ]
+    rows += [
+        row(
+            "AVSPO, opposite (the authors' code)",
+            "`--avspo.strategy opposite`",
+            "avspo",
+            AVSPOConfig(strategy="opposite"),
+        ),
+        row("NGRPO", "`--ngrpo.enable`", "ngrpo", NGRPOConfig()),
+        row("sign advantage", "`--sign.enable`", "sign"),
+        row(
+            f"RL-ZVP (per token; α = {alpha})", "`--rl_zvp.enable`", "rl_zvp", collapsed=("+α·H_t", "−α·(max H − H_t)")
+        ),
+    ]
+    return "\n".join(rows) + "\n"
+
+
+def on_page_markdown(markdown, page, config, files):
+    if TABLE_MARKER in markdown:
+        markdown = markdown.replace(TABLE_MARKER, collapsed_group_table())
+    return _rewrite_links(markdown, _repo_path(page))

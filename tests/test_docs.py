@@ -1,0 +1,201 @@
+"""The manual: the README stays short, the docs site builds in strict mode (a broken link, a missing
+page or a missing included file fails), every page of the site is reachable from the docs index, and
+no hand-written page copies numbers that a study generates (study pages include or link their
+generated ``results*.md``: numbers typed by hand drift from the files they were copied from).
+
+What counts as copied: a run of numbers next to each other in a page that are also next to each other
+in a generated file (an interval, a "mean ± sd", a "before → after", a table row) and carry at least
+5 significant digits together (two 2-digit numbers coincide by chance too often), or a single number
+precise enough not to coincide by chance (3 decimals, or 4 significant digits: a p-value, an ACR). A
+lone one-decimal number is not checked: the generated files hold a third of all of them."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README_MAX_LINES = 200
+
+# Written by hand: the README, the docs pages and the pages that live beside their code.
+HAND_WRITTEN = [
+    "README.md",
+    "docs/*.md",
+    "experiments/**/README.md",
+    "eval/README.md",
+    "datasets/README.md",
+    "launch_scripts/**/README.md",
+]
+# Settings stated in code are not measurements: a number that is also in one of these files (a
+# default, a protocol constant, a paper's setting) may appear in a page.
+SETTINGS = [
+    "avspo_openrlhf/**/*.py",
+    "experiments/*/run.py",
+    "launch_scripts/**/*.args",
+    "launch_scripts/**/*.sh",
+    "tests/test_algo*.py",  # the closed forms docs/algorithm.md states
+    "tests/test_remedies.py",
+]
+CONFIDENCE_LEVEL = "95"  # "95 % interval": the level of every interval, not a measurement
+
+# A decimal number (not part of a version like 0.11.2, a name like Qwen2.5 or a size like 1.5B),
+# or an integer or decimal followed by %.
+NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+)(?![\w.]*\w)|(?<![\w.])(\d+(?:\.\d+)?)\s?%")
+# code (commands and flags are settings), comments, and the flag table the code generates (docs/flags.md)
+CODE = re.compile(r"```.*?```|`[^`\n]*`|<!-- flag-table.*?<!-- /flag-table -->|<!--.*?-->", re.S)
+
+
+def _files(patterns: list[str]) -> list[Path]:
+    return sorted({p for pattern in patterns for p in ROOT.glob(pattern) if p.is_file()})
+
+
+def generated_files() -> list[Path]:
+    """What the studies write: every .md and .json under experiments/ except the pages."""
+    return [
+        p
+        for p in _files(["experiments/**/*.md", "experiments/**/*.json"])
+        if p.name != "README.md" and "runs" not in p.parts
+    ]
+
+
+def numbers(text: str) -> list[str]:
+    return [m.group(1) or m.group(2) for m in NUMBER.finditer(text)]
+
+
+def digits(n: str) -> int:
+    """Significant digits as written (0.062: 2, 14.4: 3)."""
+    return max(1, len(n.replace(".", "").lstrip("0")))
+
+
+def precise(n: str) -> bool:
+    return len(n.partition(".")[2]) >= 3 or digits(n) >= 4
+
+
+def prose(text: str) -> str:
+    """A page without its code, comments and generated flag table; line breaks kept."""
+    return CODE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+
+
+def generated_numbers() -> tuple[dict[frozenset, str], dict[str, str]]:
+    """Pairs of neighbouring numbers (within a line of a .md file, along a .json file) and the
+    precise single numbers of every generated file, each with the file it is in."""
+    pairs: dict[frozenset, str] = {}
+    singles: dict[str, str] = {}
+    for path in generated_files():
+        text, name = path.read_text(encoding="utf-8"), path.relative_to(ROOT).as_posix()
+        for chunk in text.splitlines() if path.suffix == ".md" else [text]:
+            found = numbers(chunk)
+            for a, b in zip(found, found[1:]):
+                pairs.setdefault(frozenset((a, b)), name)
+            for n in found:
+                if precise(n):
+                    singles.setdefault(n, name)
+    return pairs, singles
+
+
+def copied_numbers(name: str, text: str, pairs: dict, singles: dict, allowed: set[str]) -> list[str]:
+    """``name:line: a … b …`` for the runs of numbers (and the precise single numbers) that ``text``
+    shares with the generated files."""
+    out, line = [], 1
+    for paragraph in re.split(r"(\n[ \t]*\n)", prose(text)):
+        found, hits, run = numbers(paragraph), set(), []
+        for a, b in zip(found + [None], found[1:] + [None]):
+            if b is not None and frozenset((a, b)) in pairs:
+                run = run or [a]
+                run.append(b)
+                continue
+            if sum(digits(n) for n in run) >= 5 and not set(run) <= allowed:
+                hits.add(" … ".join(run))
+            run = []
+        hits |= {n for n in found if precise(n) and n in singles and n not in allowed}
+        out += [f"{name}:{line}: {h}" for h in sorted(hits)]
+        line += paragraph.count("\n")
+    return out
+
+
+def test_number_extraction():
+    text = "gain +14.4 [−6.1, +8.3], 45 % → 8%, Qwen2.5-Math-1.5B, torch==2.13.0, lr 1e-5, 1.36×, 0.5."
+    assert numbers(text) == ["14.4", "6.1", "8.3", "45", "8", "1.36", "0.5"]
+    assert numbers(prose("`--rollout.temperature 1.0` and\n```\n0.7\n```\nT = 0.9")) == ["0.9"]
+    assert precise("0.062") and precise("16.25") and not precise("59.5") and not precise("0.25")
+    assert [digits(n) for n in ("0.062", "14.4", "0.0", "100")] == [2, 3, 1, 3]
+
+
+def test_the_copy_check_catches_a_copied_interval_and_p_value():
+    pairs = {frozenset(p) for p in [("14.4", "6.7"), ("6.7", "22.2"), ("0.7", "3.3"), ("0.93", "0.06")]}
+    text = "Intro, 3.3 alone.\n\nIt gained +14.4 [+6.7,\n+22.2] points (p = 0.062), at T = 0.7, 3.3 min.\n"
+    hits = copied_numbers("page.md", text, dict.fromkeys(pairs, "r.md"), {"0.062": "r.md"}, allowed={"0.7"})
+    assert hits == ["page.md:3: 0.062", "page.md:3: 14.4 … 6.7 … 22.2"]
+    # two short numbers that happen to sit side by side somewhere are not a copy; neither is a lone one
+    assert copied_numbers("page.md", "from 0.93 to 0.06, 59.5, 0.25", dict.fromkeys(pairs, "r.md"), {}, set()) == []
+
+
+def test_readme_is_short():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
+
+
+def test_no_hand_written_page_copies_a_generated_number():
+    pairs, singles = generated_numbers()
+    assert len(pairs) > 1000, "found no generated results to compare with"
+    allowed = {CONFIDENCE_LEVEL}.union(*(numbers(p.read_text(encoding="utf-8")) for p in _files(SETTINGS)))
+    copied = [
+        hit
+        for page in _files(HAND_WRITTEN)
+        for hit in copied_numbers(
+            page.relative_to(ROOT).as_posix(), page.read_text(encoding="utf-8"), pairs, singles, allowed
+        )
+    ]
+    assert not copied, (
+        "numbers a study generates, typed into hand-written pages (include or link the generated file "
+        "instead):\n" + "\n".join(copied)
+    )
+
+
+def _nav_pages(nav) -> list[str]:
+    out = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        out += _nav_pages(value) if isinstance(value, list) else [value]
+    return out
+
+
+def _mkdocs_config() -> dict:
+    yaml = pytest.importorskip("yaml")
+
+    class Loader(yaml.SafeLoader):  # mkdocs.yml may carry !ENV / !!python tags; the nav has none
+        pass
+
+    Loader.add_multi_constructor("", lambda loader, suffix, node: None)
+    return yaml.load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"), Loader=Loader)
+
+
+def test_every_page_is_linked_from_the_docs_index():
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    targets = {Path(t.split("#")[0]).as_posix() for t in re.findall(r"\]\(([^)\s]+)\)", index)}
+    pages = [p for p in _nav_pages(_mkdocs_config()["nav"]) if p != "index.md"]
+    # a docs page is linked as "x.md", a page mounted from elsewhere as "../folder/README.md"
+    missing = [p for p in pages if p not in targets and f"../{p}" not in targets]
+    assert not missing, f"pages in the nav but not linked from docs/index.md: {missing}"
+
+
+def test_the_site_builds_in_strict_mode(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs tools are not installed: pip install -r requirements-docs.txt")
+    pytest.importorskip("material", reason="the docs tools are not installed: pip install -r requirements-docs.txt")
+    site = tmp_path / "site"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    # the study pages include their generated tables, and the remedy table is computed by the code
+    remedies = (site / "experiments" / "remedies" / "index.html").read_text(encoding="utf-8")
+    first_line = (ROOT / "experiments/remedies/results/results.md").read_text(encoding="utf-8").splitlines()[0]
+    assert first_line.split(",")[0] in remedies and "--8&lt;--" not in remedies
+    choosing = (site / "choosing" / "index.html").read_text(encoding="utf-8")
+    assert "generated: collapsed-group-advantages" not in choosing
+    assert "-0.333" in choosing  # NGRPO on an all-wrong group of 8: -1/sqrt(G + 1)
