@@ -1,0 +1,304 @@
+"""ACR and every remedy in TRL's ``GRPOTrainer`` (TRL 1.16.0; docs/trl.md).
+
+The paper's README snippet works as written, with this import path::
+
+    from avspo_openrlhf.integrations.trl import GRPOConfig, GRPOTrainer
+    args = GRPOConfig(use_avspo=True, acr_threshold_init=0.5, virtual_sample_alpha=0.5, ...)
+    GRPOTrainer(model=..., reward_funcs=..., args=args, train_dataset=...).train()   # logs train/acr
+
+TRL 1.16.0 has no advantage hook (huggingface/trl#4525: "subclass and override"), so the subclass
+overrides as little as it can:
+
+- ``_calculate_rewards``: keeps the ``[B_all, F]`` rewards TRL gathered from every process;
+- ``_generate_and_score_completions``: after TRL's own pass, steps the :class:`CollapseController`
+  on the ``[N, G]`` rewards (identical on every process: the rewards are gathered), and replaces
+  TRL's advantages on this process's slice by the remedy's on the groups where the remedy differs
+  from GRPO; logs the ACR views to ``self._metrics`` (``acr``, ``acr/all_wrong``, ...);
+- RL-ZVP only: ``_compute_loss`` / ``_get_per_token_logps_and_entropies`` add the entropy-shaped
+  token advantages from the entropies of the loss's own forward pass (no extra forward);
+- ``training_step``: feeds TRL's ``entropy``/``kl`` of each optimizer step to the alarms;
+- ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the controller's state as
+  ``controller_state.json`` in each checkpoint (TRL's own pattern for its entropy controller).
+
+Every TRL private name used here is guarded by tests/test_trl_integration.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import trl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, collapse_stats, zero_variance_sign
+
+from . import base_advantages, build_controller, framework_metrics, remedy_groups, remedy_name
+
+TESTED_TRL = "1.16.0"
+# TRL's GRPO: (r - mean) / (nanstd + 1e-4), nanstd Bessel-corrected (trl/trainer/grpo_trainer.py)
+TRL_STD_CONVENTION, TRL_EPS = "unbiased", 1e-4
+STATE_FILE = "controller_state.json"
+SIGN_KEY = "rl_zvp_sign"  # [B] int8 per completion, travels with TRL's buffered batch
+
+
+def _as_dict(value: Any, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, str):  # from the command line (TrlParser)
+        value = json.loads(value)
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a dict or a JSON object string, got {type(value).__name__}")
+    return dict(value)
+
+
+@dataclass
+class GRPOConfig(trl.GRPOConfig):
+    """TRL's ``GRPOConfig`` plus ACR monitoring and the remedies (every field below is new)."""
+
+    remedy: str | None = field(
+        default=None,
+        metadata={
+            "help": "Advantage remedy for collapsed groups: 'avspo', 'ngrpo', 'rl_zvp', 'sign', 'grpo', 'dr_grpo' "
+            "(avspo_openrlhf.algo.ESTIMATORS) or None/'none': TRL's own advantages, ACR measured and logged only."
+        },
+    )
+    use_avspo: bool = field(default=False, metadata={"help": "The paper README's switch: the same as remedy='avspo'."})
+    acr_threshold_init: float = field(
+        default=ACRConfig.tau_init,
+        metadata={"help": "Initial adaptive threshold tau_adapt(0): the gate opens while the smoothed ACR exceeds it."},
+    )
+    virtual_sample_alpha: float = field(
+        default=AVSPOConfig.alpha,
+        metadata={"help": "AVSPO's K rule exponent: K = max(1, min(G, ceil(G * ACR_gate**alpha)))."},
+    )
+    remedy_options: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Fields of the remedy's config (AVSPOConfig: strategy, num_virtual, fix_groups, r_anchor, gamma, "
+            "seed; NGRPOConfig: num_max, gated; RLZVPConfig: alpha; SignConfig: scope), as a dict or JSON. "
+            "std_convention and eps follow TRL's GRPO (unbiased, 1e-4)."
+        },
+    )
+    acr_options: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Fields of ACRConfig (tol, reward_range, smoothing, window, ema_decay, gate_view, early_steps, "
+            "stall_threshold, stall_patience, volatility_window, volatility_threshold, eta, tau_bounds, "
+            "reward_ema_decay), as a dict or JSON; tau_init is acr_threshold_init."
+        },
+    )
+    acr_reward_func: str | None = field(
+        default=None,
+        metadata={
+            "help": "Name of the reward function that scores correctness (the raw view of ACR, which drives the gate "
+            "with gate_view 'raw'); default: the weighted sum TRL trains on (the shaped view)."
+        },
+    )
+    monitor_options: dict | str | None = field(
+        default=None,
+        metadata={
+            "help": "Fields of MonitorConfig (entropy_threshold, entropy_patience, disable_entropy, kl_bound, "
+            "kl_patience): the alarms fed by TRL's logged entropy and kl."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.remedy_options = _as_dict(self.remedy_options, "remedy_options")
+        self.acr_options = _as_dict(self.acr_options, "acr_options")
+        self.monitor_options = _as_dict(self.monitor_options, "monitor_options")
+        self.remedy = remedy_name(self.remedy)
+        if self.use_avspo:
+            if self.remedy not in (None, "avspo"):
+                raise ValueError(f"use_avspo=True and remedy={self.remedy!r} choose two remedies")
+            self.remedy = "avspo"
+        if "tau_init" in self.acr_options:
+            raise ValueError("set the initial threshold with acr_threshold_init, not acr_options['tau_init']")
+        if self.remedy == "avspo" and "alpha" in self.remedy_options:
+            raise ValueError("set AVSPO's alpha with virtual_sample_alpha, not remedy_options['alpha']")
+
+
+def _controller_for(args) -> tuple[Any, str | None]:
+    """The controller an (our or TRL's own) ``GRPOConfig`` describes; TRL's own config measures only."""
+    remedy = getattr(args, "remedy", None)
+    options = dict(getattr(args, "remedy_options", None) or {})
+    if remedy == "avspo":
+        options["alpha"] = args.virtual_sample_alpha
+    acr = {
+        **(getattr(args, "acr_options", None) or {}),
+        "tau_init": getattr(args, "acr_threshold_init", ACRConfig.tau_init),
+    }
+    ctrl = build_controller(remedy, std_convention=TRL_STD_CONVENTION, eps=TRL_EPS, options=options, acr=acr,
+                            monitor=getattr(args, "monitor_options", None), seed=args.seed)  # fmt: skip
+    return ctrl, remedy
+
+
+class GRPOTrainer(trl.GRPOTrainer):
+    """TRL's ``GRPOTrainer`` with ACR logged on every generation batch and the advantages of
+    ``args.remedy`` (see :class:`GRPOConfig`). ``controller`` holds the state that goes into checkpoints."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.controller, self.remedy = _controller_for(self.args)
+        self._gathered_rewards: torch.Tensor | None = None
+        self._rl_zvp_inputs: dict | None = None
+        self._check_setup()
+
+    def _check_setup(self) -> None:
+        a, remedy = self.args, self.remedy
+        func = getattr(a, "acr_reward_func", None)
+        if func is not None and func not in self.reward_func_names:
+            raise ValueError(f"acr_reward_func {func!r} is not a reward function; have {self.reward_func_names}")
+        if remedy is None:
+            return
+        if self.num_generations < 2:
+            raise ValueError(f"remedy {remedy!r} needs groups: num_generations >= 2, got {self.num_generations}")
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(f"remedy {remedy!r} needs multi_objective_aggregation='sum_then_normalize'")
+        allowed = ("group", "none") if remedy == "dr_grpo" else ("group",)
+        if self.scale_rewards not in allowed:
+            raise ValueError(
+                f"remedy {remedy!r} normalises per group as TRL's scale_rewards={allowed[0]!r} does; "
+                f"got scale_rewards={self.scale_rewards!r}"
+            )
+        if remedy == "rl_zvp" and getattr(a, "use_liger_kernel", False):
+            raise ValueError("remedy 'rl_zvp' needs TRL's own loss (its token entropies); use_liger_kernel bypasses it")
+
+    # ---- rewards and advantages -------------------------------------------------------------------
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # [B_all, F]: every process's completions, in process order (TRL gathers them here)
+        self._gathered_rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        return self._gathered_rewards
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        per_func, self._gathered_rewards = self._gathered_rewards, None
+        mode = "train" if self.model.training else "eval"
+        g = self.num_generations if mode == "train" else self.num_generations_eval
+        if per_func is None or g < 2:
+            return output
+        shaped = (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)  # TRL's sum
+        shaped[torch.isnan(per_func).all(dim=1)] = torch.nan  # TRL's unscorable completions
+        func = getattr(self.args, "acr_reward_func", None)
+        raw = shaped if func is None else per_func[:, self.reward_func_names.index(func)]
+        raw, shaped = raw.view(-1, g).float().cpu(), shaped.view(-1, g).float().cpu()
+        # groups with an unscored completion keep TRL's advantages (nan-aware baseline, zero for the
+        # unscored) and stay out of ACR: neither is defined on a missing reward
+        scored = ~(torch.isnan(raw).any(dim=1) | torch.isnan(shaped).any(dim=1))
+        if not scored.any():
+            return output
+        if mode == "eval":  # measure only: evaluation must not move the gate, threshold or window
+            stats = collapse_stats(raw[scored], self.controller.tol, self.controller.reward_range).metrics()
+            for key, value in framework_metrics(stats).items():
+                self._metrics[mode][key].append(value)
+            return output
+        ours, metrics = self.controller.step(raw[scored], shaped[scored])
+        if ours is not None:
+            output["advantages"] = self._remedy_advantages(output["advantages"], ours, shaped, scored, metrics)
+        if self.controller.needs_entropy:
+            sign = torch.zeros(shaped.shape[0], dtype=torch.int8)
+            sign[scored] = zero_variance_sign(shaped[scored], self.controller.tol, self.controller.reward_range)
+            local = self._local_slice(sign.repeat_interleave(g), len(output["advantages"]))
+            output[SIGN_KEY] = local.to(output["advantages"].device)
+        for key, value in framework_metrics(metrics).items():
+            self._metrics[mode][key].append(value)
+        return output
+
+    def _local_slice(self, full: torch.Tensor, n_local: int) -> torch.Tensor:
+        """This process's rows of a gathered ``[B_all]`` tensor: TRL's ``process_slice``."""
+        if full.shape[0] != n_local * self.accelerator.num_processes:
+            raise ValueError(f"gathered {full.shape[0]} rewards, expected {n_local} x {self.accelerator.num_processes}")
+        i = self.accelerator.process_index
+        return full[i * n_local : (i + 1) * n_local]
+
+    def _remedy_advantages(self, trl_local, ours, shaped, scored, metrics) -> torch.Tensor:
+        """TRL's local ``[B]`` advantages with the remedy's on the groups where it differs from TRL's
+        estimator; ``metrics['remedy_groups']``: the share of such groups."""
+        std = None if self.scale_rewards == "none" else TRL_STD_CONVENTION
+        changed = remedy_groups(ours, base_advantages(shaped[scored], self.controller, std, TRL_EPS))
+        g = shaped.shape[1]
+        full = torch.zeros_like(shaped)
+        use = torch.zeros(shaped.shape[0], dtype=torch.bool)
+        full[scored], use[scored] = ours.to(full.dtype), changed
+        metrics["remedy_groups"] = float(changed.float().mean()) if changed.numel() else 0.0
+        use_local = self._local_slice(use.repeat_interleave(g), len(trl_local)).to(trl_local.device)
+        ours_local = self._local_slice(full.reshape(-1), len(trl_local)).to(trl_local)
+        self._log_table_advantages(full.reshape(-1), use.repeat_interleave(g))
+        return torch.where(use_local, ours_local, trl_local)
+
+    def _log_table_advantages(self, ours: torch.Tensor, use: torch.Tensor) -> None:
+        # the completions table TRL logs holds its own advantages of this batch last: show the trained ones
+        logged = self._logs["advantages"]
+        n = ours.numel()
+        if len(logged) < n:
+            return
+        tail = torch.tensor([logged.pop() for _ in range(n)][::-1], dtype=ours.dtype)
+        logged.extend(torch.where(use, ours, tail).tolist())
+
+    # ---- RL-ZVP: token advantages from the loss's own entropies ------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        if SIGN_KEY not in inputs:
+            return super()._compute_loss(model, inputs)
+        # a copy: the buffered batch keeps its sequence-level advantages for the next iteration
+        self._rl_zvp_inputs = dict(inputs)
+        try:
+            return super()._compute_loss(model, self._rl_zvp_inputs)
+        finally:
+            self._rl_zvp_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        inputs = self._rl_zvp_inputs
+        if inputs is not None and entropies is not None:
+            self._rl_zvp_inputs = None  # once per loss
+            mask = inputs["completion_mask"]
+            if "tool_mask" in inputs:
+                mask = mask * inputs["tool_mask"]
+            extra = self.controller.token_advantages(entropies.detach(), mask, inputs[SIGN_KEY])
+            inputs["advantages"] = inputs["advantages"].unsqueeze(1) + extra.to(inputs["advantages"].dtype)
+            self._log_rl_zvp(extra, mask, inputs[SIGN_KEY])
+        return logps, entropies, aux
+
+    def _log_rl_zvp(self, extra: torch.Tensor, mask: torch.Tensor, sign: torch.Tensor) -> None:
+        mode = "train" if self.model.training else "eval"
+        local = torch.stack([extra.abs().sum(), (mask * (sign != 0).unsqueeze(1)).sum(), (sign != 0).sum()]).float()
+        abs_sum, tokens, samples = self.accelerator.gather(local.unsqueeze(0)).sum(dim=0).tolist()
+        self._metrics[mode]["rl_zvp/token_adv_abs_mean"].append(abs_sum / tokens if tokens else 0.0)
+        self._metrics[mode]["rl_zvp/zero_variance_samples"].append(samples)
+
+    # ---- alarms and state -------------------------------------------------------------------------
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        ga = self.current_gradient_accumulation_steps
+        if self._step % ga == 0:  # an optimizer step ended: TRL's entropy/kl of its micro-batches
+            m = self._metrics["train"]
+            status = {k: sum(m[src][-ga:]) / len(m[src][-ga:]) for k, src in (("entropy_loss", "entropy"), ("kl", "kl")) if m.get(src)}  # fmt: skip
+            for key, value in framework_metrics(self.controller.after_train(status)).items():
+                m[key].append(value)
+        return loss
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            with open(os.path.join(folder, STATE_FILE), "w") as f:
+                json.dump(self.controller.state_dict(), f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        path = os.path.join(checkpoint, STATE_FILE) if checkpoint is not None else None
+        if path is not None and os.path.exists(path):
+            with open(path) as f:
+                self.controller.load_state_dict(json.load(f))
+
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "STATE_FILE", "TESTED_TRL", "TRL_EPS", "TRL_STD_CONVENTION"]

@@ -1,0 +1,165 @@
+"""ACR and the group remedies as verl advantage estimators (verl 0.9.1; docs/verl.md).
+
+``import verl`` loads this module through the ``verl.plugins`` entry point (pyproject.toml; or
+``VERL_USE_EXTERNAL_MODULES=avspo_openrlhf.integrations.verl``), which registers with verl's own
+registry (``core_algos.register_adv_est``)::
+
+    acr_grpo  acr_dr_grpo  acr_avspo  acr_ngrpo  acr_sign
+
+chosen with ``algorithm.adv_estimator=acr_avspo``. verl's ``compute_advantage`` calls them with the
+``[B, T]`` token-level rewards and response mask, the prompt ``uid`` of each row (``index``) and the
+algorithm config, whose sections give the options (all optional)::
+
+    algorithm.acr.*      ACRConfig fields (tol, reward_range, window, tau_init, eta, ...) and seed
+    algorithm.avspo.*    AVSPOConfig fields (alpha, strategy, num_virtual, fix_groups, ...)
+    algorithm.ngrpo.*    NGRPOConfig (num_max, gated); algorithm.sign.* SignConfig (scope)
+    algorithm.monitor.*  MonitorConfig
+
+One :class:`CollapseController` per algorithm config object (one run) keeps the gate, the adaptive
+threshold and the window across steps; :func:`acr_metrics` returns its latest ACR metrics. As with
+TRL, verl's own GRPO numbers (``compute_grpo_outcome_advantage``: ``torch.std``, epsilon 1e-6) are
+kept on every group where the remedy equals GRPO, so a closed gate is verl's ``grpo`` bit for bit.
+
+RL-ZVP is not registered: its token advantages need the policy's token entropies, and neither an
+estimator (rewards, mask, uid, config) nor a registered policy loss (log-probs, advantages, mask)
+receives them in verl 0.9.1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from verl.trainer.ppo import core_algos
+
+from avspo_openrlhf.algo import ESTIMATORS, CollapseController
+
+from . import base_advantages, build_controller, framework_metrics, remedy_groups
+
+TESTED_VERL = "0.9.1"
+# verl's GRPO: (s - mean) / (torch.std + epsilon), epsilon 1e-6 as compute_advantage leaves it
+VERL_STD_CONVENTION, VERL_EPS = "unbiased", 1e-6
+PREFIX = "acr_"
+REMEDIES = tuple(name for name, entry in ESTIMATORS.items() if entry.token_fn is None)
+
+
+@dataclasses.dataclass
+class _Run:
+    config: Any  # held so that its id is not reused while the run lives
+    remedy: str
+    controller: CollapseController
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+_RUNS: dict[int, _Run] = {}
+_LAST: list[_Run] = []
+
+
+def _get(config: Any, key: str, default: Any = None) -> Any:
+    if config is None:
+        return default
+    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
+    return default if value is None else value
+
+
+def _section(config: Any, key: str) -> dict[str, Any]:
+    """``algorithm.<key>`` as a plain dict (DictConfig, mapping or dataclass; absent: empty)."""
+    value = _get(config, key)
+    if value is None:
+        return {}
+    if isinstance(value, DictConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return dict(value)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    raise ValueError(f"algorithm.{key} must be a mapping of options, got {type(value).__name__}")
+
+
+def _run(config: Any, remedy: str) -> _Run:
+    run = _RUNS.get(id(config))
+    if run is None or run.config is not config or run.remedy != remedy:
+        acr = _section(config, "acr")
+        seed = acr.pop("seed", 0)
+        options = _section(config, remedy) if ESTIMATORS[remedy].config is not None else {}
+        ctrl = build_controller(remedy, std_convention=VERL_STD_CONVENTION, eps=VERL_EPS, options=options, acr=acr,
+                                monitor=_section(config, "monitor"), seed=seed)  # fmt: skip
+        run = _RUNS[id(config)] = _Run(config, remedy, ctrl)
+    _LAST[:] = [run]
+    return run
+
+
+def _groups(index: Any, batch: int) -> tuple[torch.Tensor, int]:
+    """(rows in group order ``[B]``, G) from the ``[B]`` prompt uids; every group must have G >= 2 rows."""
+    if index is None or len(index) != batch:
+        got = "no uids" if index is None else f"{len(index)} uids"
+        raise ValueError(f"{PREFIX}* estimators group rows by prompt uid (data.non_tensor_batch['uid']): {got} for {batch} rows")  # fmt: skip
+    _, inverse, counts = np.unique(np.asarray(index), return_inverse=True, return_counts=True)
+    if counts.min() != counts.max() or counts[0] < 2:
+        raise ValueError(f"{PREFIX}* estimators need every uid group of one size G >= 2, got sizes {sorted(set(counts.tolist()))}")  # fmt: skip
+    return torch.from_numpy(np.argsort(inverse, kind="stable")), int(counts[0])
+
+
+def compute_acr_advantage(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, index: Any, config: Any, remedy: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages, returns)``, both ``[B, T]``: the remedy's per-response advantage on the groups
+    where it differs from verl's GRPO, verl's own ``compute_grpo_outcome_advantage`` elsewhere,
+    times the response mask. ``token_level_rewards``/``response_mask`` ``[B, T]``; ``index`` ``[B]``
+    uids; ``config`` the algorithm config."""
+    norm = bool(_get(config, "norm_adv_by_std_in_grpo", True))
+    if not norm and remedy != "dr_grpo":
+        raise ValueError(f"{PREFIX}{remedy} divides by the group std: set algorithm.norm_adv_by_std_in_grpo=True "
+                         f"(or use {PREFIX}dr_grpo)")  # fmt: skip
+    scores = token_level_rewards.sum(dim=-1)
+    order, g = _groups(index, scores.shape[0])
+    rewards = scores.detach().cpu().float()[order].view(-1, g)
+    run = _run(config, remedy)
+    ours, metrics = run.controller.step(rewards)
+    changed = remedy_groups(ours, base_advantages(rewards, run.controller, VERL_STD_CONVENTION if norm else None, VERL_EPS))  # fmt: skip
+    metrics["remedy_groups"] = float(changed.float().mean())
+    run.metrics = framework_metrics(metrics)
+
+    verl_adv, _ = core_algos.compute_grpo_outcome_advantage(
+        token_level_rewards, response_mask, index, epsilon=VERL_EPS, norm_adv_by_std_in_grpo=norm
+    )
+    per_row = torch.empty_like(scores)
+    per_row[order.to(scores.device)] = ours.reshape(-1).to(scores)
+    use = torch.empty(scores.shape[0], dtype=torch.bool)
+    use[order] = changed.repeat_interleave(g)
+    adv = torch.where(use.to(scores.device).unsqueeze(-1), per_row.unsqueeze(-1) * response_mask, verl_adv)
+    return adv, adv
+
+
+def _estimator(remedy: str):
+    def estimator(token_level_rewards, response_mask, index=None, config=None, **_):
+        return compute_acr_advantage(token_level_rewards, response_mask, index, config, remedy)
+
+    estimator.__name__ = estimator.__qualname__ = f"compute_{PREFIX}{remedy}_advantage"
+    estimator.__doc__ = f"verl advantage estimator ``{PREFIX}{remedy}``: see :func:`compute_acr_advantage`."
+    return estimator
+
+
+for _remedy in REMEDIES:
+    core_algos.register_adv_est(PREFIX + _remedy)(_estimator(_remedy))
+
+
+def controller_of(config: Any = None) -> CollapseController | None:
+    """The controller of the run whose algorithm config is ``config`` (``None``: the last run that
+    computed advantages), e.g. for its ``state_dict()``; ``None`` before its first step."""
+    run = _LAST[0] if config is None and _LAST else _RUNS.get(id(config))
+    return run.controller if run is not None and (config is None or run.config is config) else None
+
+
+def acr_metrics(config: Any = None) -> dict[str, float]:
+    """The latest step's ACR metrics of that run (``acr``, ``acr/all_wrong``, ``acr/effective``,
+    ``acr/gate``, ``acr/gate_open``, ``acr/tau_adapt``, ``alarm/acr_stall``, ...), for verl's logger."""
+    run = _LAST[0] if config is None and _LAST else _RUNS.get(id(config))
+    return dict(run.metrics) if run is not None else {}
+
+
+__all__ = ["PREFIX", "REMEDIES", "TESTED_VERL", "acr_metrics", "compute_acr_advantage", "controller_of"]

@@ -1,0 +1,342 @@
+"""TRL's own ``GRPOTrainer.train()`` (TRL 1.16.0, HF generation, no vLLM) on the tiny random model with
+every remedy of avspo_openrlhf/integrations/trl.py: the advantages TRL trains on are the algo layer's
+closed forms, a closed gate is TRL's GRPO bit for bit, the paper README's snippet trains and logs
+``train/acr``, a resume continues the controller exactly, each process keeps its slice, and every TRL
+private name the integration relies on still exists and still means what it did."""
+
+import dataclasses
+import importlib.metadata as md
+import inspect
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+try:
+    md.version("trl")
+except md.PackageNotFoundError:
+    pytest.skip("TRL is not installed: pip install -r requirements-trl.txt (setup.sh does)", allow_module_level=True)
+
+import transformers  # noqa: E402
+import trl  # noqa: E402
+from transformers.integrations.integration_utils import rewrite_logs  # noqa: E402
+from trl.trainer import grpo_trainer  # noqa: E402
+from trl.trainer.utils import nanstd  # noqa: E402
+
+from avspo_openrlhf.algo import (  # noqa: E402
+    ESTIMATORS,
+    ACRConfig,
+    CollapseController,
+    RLZVPConfig,
+    group_advantages,
+    rl_zvp_token_advantages,
+)
+from avspo_openrlhf.algo import GRPOConfig as GroupNorm  # noqa: E402
+from avspo_openrlhf.cpu.tiny import build_tiny_model  # noqa: E402
+from avspo_openrlhf.integrations import trl as acr_trl  # noqa: E402
+from datasets import Dataset  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+G = 4
+# shuffle off, two prompts a step: step 1 = all-right + mixed, step 2 = all-wrong + mixed (ACR 0.5 each)
+PATTERNS = {"a": (1, 1, 1, 1), "c": (1, 0, 0, 1), "b": (0, 0, 0, 0), "d": (0, 1, 1, 1)}
+TAU = 0.3  # below every step's ACR: the gate opens
+OPTIONS = {"ngrpo": {"num_max": 2}, "sign": {"scope": "collapsed"}}
+TRL_GRPO = GroupNorm(std_convention=acr_trl.TRL_STD_CONVENTION, eps=acr_trl.TRL_EPS)
+
+
+def correct(completions, pattern, **_):
+    """The fixed reward batch: completion i of a group scores ``PATTERNS[prompt][i]`` (TRL keeps each
+    group's completions together, in order)."""
+    return [float(PATTERNS[p][i % G]) for i, p in enumerate(pattern)]
+
+
+class Recorder(acr_trl.GRPOTrainer):
+    """Our trainer, recording what TRL computed and what its loss trained on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rewards, self.advantages, self.trained, self.zvp = [], [], [], []
+
+    def _calculate_rewards(self, *args):
+        out = super()._calculate_rewards(*args)
+        self.rewards.append(out.clone())
+        return out
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.advantages.append(out["advantages"].clone())
+        return out
+
+    def _compute_loss(self, model, inputs):
+        self.trained.append(inputs["advantages"].clone())
+        return super()._compute_loss(model, inputs)
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        pending = self._rl_zvp_inputs
+        before = None if pending is None else pending["advantages"].clone()
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if pending is not None:
+            self.zvp.append((before, pending["advantages"].clone(), out[1].detach().clone(),
+                             pending["completion_mask"].clone(), pending[acr_trl.SIGN_KEY].clone()))  # fmt: skip
+        return out
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trl")
+    data = Dataset.from_list([{"prompt": f"What is {k}?", "pattern": k} for k in PATTERNS])
+    return {"model": build_tiny_model(str(root / "tiny")), "root": root, "data": data, "runs": {}}
+
+
+def common(assets, key: str, steps: int = 2) -> dict:
+    return dict(
+        output_dir=str(assets["root"] / key), per_device_train_batch_size=2 * G, num_generations=G,
+        max_completion_length=4, max_steps=steps, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
+        save_strategy="no", seed=0, shuffle_dataset=False, disable_tqdm=True,
+    )  # fmt: skip
+
+
+def run(assets, key: str, **config) -> Recorder:
+    """TRL trains the tiny model two steps with ``GRPOConfig(**config)``; once per ``key`` and module."""
+    if key not in assets["runs"]:
+        args = acr_trl.GRPOConfig(**{**common(assets, key), **config})
+        trainer = Recorder(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
+        trainer.train()
+        assets["runs"][key] = trainer
+    return assets["runs"][key]
+
+
+def remedy_kwargs(remedy: str) -> dict:
+    extra = dict(save_strategy="steps", save_steps=1) if remedy == "avspo" else {}  # the resume test's
+    return dict(remedy=remedy, acr_threshold_init=TAU, acr_options={"window": 1}, remedy_options=OPTIONS.get(remedy), **extra)  # fmt: skip
+
+
+def remedy_run(assets, remedy: str) -> Recorder:
+    return run(assets, remedy, **remedy_kwargs(remedy))
+
+
+def remedy_config(remedy: str):
+    cls = ESTIMATORS[remedy].config
+    if cls is None:
+        return None
+    names = {f.name for f in dataclasses.fields(cls)}
+    fixed = {"std_convention": acr_trl.TRL_STD_CONVENTION, "eps": acr_trl.TRL_EPS}
+    return cls(**OPTIONS.get(remedy, {}), **{k: v for k, v in fixed.items() if k in names})
+
+
+def grouped(rewards_per_func: torch.Tensor) -> torch.Tensor:
+    return rewards_per_func.sum(dim=1).view(-1, G)  # one reward function, weight 1
+
+
+def acr_logs(trainer) -> list[dict]:
+    return [h for h in trainer.state.log_history if "acr" in h]
+
+
+def test_measure_only_keeps_trls_advantages_and_logs_acr(assets):
+    tr = run(assets, "none")
+    assert tr.remedy is None and len(tr.rewards) == 2
+    assert torch.equal(grouped(tr.rewards[0]), torch.tensor([PATTERNS["a"], PATTERNS["c"]], dtype=torch.float32))
+    for rewards, adv in zip(tr.rewards, tr.advantages):  # TRL's GRPO is our GRPO closed form, unbiased std, eps 1e-4
+        expected, _ = group_advantages(grouped(rewards), "grpo", TRL_GRPO)
+        assert torch.allclose(adv, expected.reshape(-1), atol=1e-6)
+    first, second = acr_logs(tr)
+    assert first["acr"] == second["acr"] == 0.5 and first["frac_reward_zero_std"] == 0.5  # TRL's own, per completion
+    assert first["acr/all_right"] == 0.5 and second["acr/all_wrong"] == 0.5 and first["acr/cum"] == 0.5
+    assert {"train/acr", "train/acr/effective", "train/alarm/acr_stall"} <= set(rewrite_logs(first))
+    entropy = [h for h in tr.state.log_history if "monitor/entropy" in h]  # TRL's entropy feeds the alarm
+    assert len(entropy) == 2 and all(h["monitor/entropy"] == h["entropy"] and h["alarm/entropy_collapse"] == 0 for h in entropy)  # fmt: skip
+
+
+def test_a_closed_gate_is_trls_grpo_bit_for_bit(assets):
+    closed, theirs = run(assets, "closed", remedy="avspo", acr_threshold_init=0.9), run(assets, "none")
+    assert len(closed.advantages) == 2
+    for ours, trl_adv in zip(closed.advantages, theirs.advantages):
+        assert torch.equal(ours, trl_adv)
+    assert all(h["acr/gate_open"] == 0.0 and h["acr/remedy_groups"] == 0.0 for h in acr_logs(closed))
+
+
+@pytest.mark.parametrize("remedy", sorted(ESTIMATORS))
+def test_trl_trains_on_the_closed_forms(assets, remedy):
+    tr = remedy_run(assets, remedy)
+    ref = CollapseController(remedy, remedy_config(remedy), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
+    for step, (rewards, adv) in enumerate(zip(tr.rewards, tr.advantages)):
+        expected, _ = ref.step(grouped(rewards))
+        if step == 0:  # the first batch is group_advantages itself (window 1: the gate sees this batch's ACR)
+            direct, _ = group_advantages(grouped(rewards), remedy, remedy_config(remedy), tau_adapt=TAU)
+            assert torch.equal(direct, expected)
+        assert torch.allclose(adv, expected.reshape(-1), atol=1e-6), (step, adv, expected)
+    assert len(tr.advantages) == 2 and torch.equal(torch.cat(tr.trained).sort().values, torch.cat(tr.advantages).sort().values)  # fmt: skip
+    if remedy in ("avspo", "ngrpo", "sign"):  # the collapsed groups train on non-zero advantages
+        assert (torch.cat(tr.advantages) != 0).sum() > 8
+    logs = acr_logs(tr)
+    assert len(logs) == 2 and all(h["acr"] == 0.5 for h in logs)
+    if remedy == "rl_zvp":
+        assert len(tr.zvp) == 2
+        for before, after, entropy, mask, sign in tr.zvp:  # the loss's own entropies, no extra forward
+            extra = rl_zvp_token_advantages(entropy, mask, sign, RLZVPConfig.alpha)
+            assert torch.allclose(after, before[:, None] + extra, atol=1e-6) and extra.abs().sum() > 0
+        signs = [sorted(s.tolist()) for *_, s in tr.zvp]
+        assert signs == [[0] * 4 + [1] * 4, [-1] * 4 + [0] * 4]
+        assert all(h["rl_zvp/token_adv_abs_mean"] > 0 for h in tr.state.log_history if "rl_zvp/token_adv_abs_mean" in h)
+
+
+def test_paper_readme_snippet_trains_and_logs_train_acr(assets):
+    with pytest.raises(TypeError):  # what the authors' TRL fork does with their own README's snippet
+        trl.GRPOConfig(use_avspo=True, acr_threshold_init=0.5, virtual_sample_alpha=0.5)
+    args = acr_trl.GRPOConfig(use_avspo=True, acr_threshold_init=0.5, virtual_sample_alpha=0.5, **common(assets, "readme"))  # fmt: skip
+    trainer = acr_trl.GRPOTrainer(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
+    assert args.remedy == "avspo" and trainer.controller.config.alpha == 0.5 and trainer.controller.threshold.tau == 0.5
+    trainer.train()
+    logged = [rewrite_logs(h) for h in acr_logs(trainer)]
+    assert len(logged) == 2 and all(h["train/acr"] == 0.5 and "train/acr/gate_open" in h for h in logged)
+
+
+def test_resume_continues_the_controller_state_exactly(assets):
+    full = remedy_run(assets, "avspo")
+    checkpoint = assets["root"] / "avspo" / "checkpoint-1"
+    assert json.loads((checkpoint / acr_trl.STATE_FILE).read_text())["steps"] == 1
+    args = acr_trl.GRPOConfig(**{**common(assets, "avspo_resumed"), **remedy_kwargs("avspo")})
+    resumed = Recorder(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert len(resumed.advantages) == 1 and torch.equal(resumed.advantages[0], full.advantages[1])
+    assert resumed.controller.state_dict() == full.controller.state_dict() and full.controller.steps == 2
+
+
+def test_each_process_trains_on_its_slice(assets):
+    tr = remedy_run(assets, "avspo")
+    shaped = grouped(tr.rewards[0])  # all-right + mixed; two "processes" of one group each
+    ours, _ = group_advantages(shaped, "avspo", remedy_config("avspo"), tau_adapt=TAU)
+    theirs, _ = group_advantages(shaped, "grpo", TRL_GRPO)  # what TRL hands each process
+    scored, accelerator = torch.ones(2, dtype=torch.bool), tr.accelerator
+    try:
+        local = []
+        for i in range(2):
+            tr.accelerator = SimpleNamespace(process_index=i, num_processes=2)
+            local.append(tr._remedy_advantages(theirs[i], ours, shaped, scored, {}))
+        with pytest.raises(ValueError, match="expected 3 x 2"):
+            tr._local_slice(torch.zeros(8), 3)
+    finally:
+        tr.accelerator = accelerator
+    assert torch.equal(torch.cat(local), torch.cat([ours[0], theirs[1]]))  # remedy on the all-right group only
+
+
+TWO_PROCESSES = """
+import json, os, sys
+from datasets import Dataset
+from avspo_openrlhf.integrations import trl as acr_trl
+G, PATTERNS = %d, %r
+
+def correct(completions, pattern, **_):
+    return [float(PATTERNS[p][i %% G]) for i, p in enumerate(pattern)]
+
+class Trainer(acr_trl.GRPOTrainer):
+    seen = []
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        self.seen.append({"pattern": inputs[0]["pattern"], "adv": out["advantages"].tolist()})
+        return out
+
+data = Dataset.from_list([{"prompt": f"What is {k}?", "pattern": k} for k in PATTERNS])
+args = acr_trl.GRPOConfig(**json.loads(sys.argv[2]))
+trainer = Trainer(model=sys.argv[1], reward_funcs=correct, args=args, train_dataset=data)
+trainer.train()
+with open(os.path.join(args.output_dir, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
+    json.dump({"seen": trainer.seen, "processes": trainer.accelerator.num_processes,
+               "state": trainer.controller.state_dict()}, f)
+"""
+
+
+def test_two_processes_each_train_on_their_slice(assets, tmp_path):
+    (tmp_path / "two.py").write_text(TWO_PROCESSES % (G, PATTERNS))
+    config = {**common(assets, "two"), **remedy_kwargs("ngrpo"), "per_device_train_batch_size": G, "output_dir": str(tmp_path)}  # fmt: skip
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(tmp_path / "two.py"), assets["model"], json.dumps(config)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
+    assert all(r["processes"] == 2 and len(r["seen"]) == 2 for r in ranks)
+    assert ranks[0]["state"] == ranks[1]["state"]  # one controller, stepped on the gathered rewards everywhere
+    ref = CollapseController("ngrpo", remedy_config("ngrpo"), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
+    for step in range(2):  # TRL gathers in process order: process i holds group i of the batch
+        rewards = torch.tensor([PATTERNS[r["seen"][step]["pattern"]] for r in ranks], dtype=torch.float32)
+        expected, _ = ref.step(rewards)
+        for i, r in enumerate(ranks):
+            assert torch.allclose(torch.tensor(r["seen"][step]["adv"]), expected[i], atol=1e-6), (step, i)
+
+
+def test_bad_setups_fail_in_one_line(assets):
+    kw = common(assets, "bad")
+    with pytest.raises(ValueError, match="unknown remedy"):
+        acr_trl.GRPOConfig(remedy="avpso", **kw)
+    with pytest.raises(ValueError, match="choose two remedies"):
+        acr_trl.GRPOConfig(use_avspo=True, remedy="sign", **kw)
+    assert acr_trl.GRPOConfig(remedy="ngrpo", remedy_options='{"num_max": 2}', **kw).remedy_options == {"num_max": 2}
+    for config, match in [
+        (dict(remedy="avspo", scale_rewards="batch"), "scale_rewards"),
+        (dict(remedy="avspo", remedy_options={"eps": 1e-3}), "follow the framework's GRPO"),
+        (dict(remedy="sign", remedy_options={"scoop": "all"}), "has no option"),
+        (dict(acr_reward_func="accuracy"), "is not a reward function"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            Recorder(model=assets["model"], reward_funcs=correct, args=acr_trl.GRPOConfig(**config, **kw), train_dataset=assets["data"])  # fmt: skip
+
+
+# private TRL/transformers names the integration overrides or reads -> why
+PRIVATE = {
+    "_calculate_rewards": "overridden: keeps the rewards TRL gathered from every process",
+    "_generate_and_score_completions": "overridden: steps the controller, replaces the advantages, logs ACR",
+    "_compute_loss": "overridden (RL-ZVP): its forward's entropies feed the token advantages",
+    "_get_per_token_logps_and_entropies": "overridden (RL-ZVP): returns the entropies of the loss's forward",
+    "_save_checkpoint": "overridden: writes controller_state.json into the checkpoint",
+    "_load_optimizer_and_scheduler": "overridden: reads controller_state.json on resume",
+    "_get_output_dir": "the checkpoint folder, as TRL's own _save_checkpoint finds it",
+    "_metrics": "ACR metrics go where TRL's own go (averaged per logging step, eval_ prefixed)",
+    "_logs": "the completions table shows the trained advantages",
+    "_step": "an optimizer step ended (TRL's training_step counts micro-batches)",
+}
+
+
+def test_the_trl_surface_we_rely_on():
+    pin = re.search(r"^trl==(\S+)", (ROOT / "requirements-trl.txt").read_text(), re.M).group(1)
+    assert md.version("trl") == pin == acr_trl.TESTED_TRL, "TRL changed: re-check every name below and docs/trl.md"
+    theirs = set()
+    for module in (grpo_trainer, transformers.trainer):
+        theirs |= set(re.findall(r"(?:def |self\.)(_[a-z][a-z0-9_]*)", Path(module.__file__).read_text()))
+    ours = set(re.findall(r"\b_[a-z][a-z0-9_]*\b", Path(acr_trl.__file__).read_text()))
+    used = ours & theirs
+    assert used == set(PRIVATE), (
+        f"unlisted: {sorted(used - set(PRIVATE))}; gone or unused: {sorted(set(PRIVATE) - used)}"
+    )
+    gen = inspect.getsource(trl.GRPOTrainer._generate_and_score_completions)
+    for text in (
+        "rewards_per_func = self._calculate_rewards(",  # gathered over processes, before the advantages
+        "advantages = advantages / (std_rewards + 1e-4)",  # TRL_EPS
+        "self.accelerator.process_index * len(prompts)",  # the process slice _local_slice repeats
+        '"advantages": advantages,',
+        'self._logs["advantages"].extend(all_process_advantages.tolist())',
+        'self._metrics[mode]["frac_reward_zero_std"]',
+    ):
+        assert text in gen, text
+    assert nanstd(torch.tensor([0.0, 1.0])).item() == pytest.approx(0.5**0.5)  # Bessel: TRL_STD_CONVENTION
+    loss = inspect.getsource(trl.GRPOTrainer._compute_loss)
+    forward, read = (
+        loss.index("self._get_per_token_logps_and_entropies("),
+        loss.index('advantages = inputs["advantages"]'),
+    )
+    assert forward < read and "compute_entropy=True" in loss[forward:read] and "if advantages.dim() == 1:" in loss
+    assert loss.count("self._get_per_token_logps_and_entropies(") == 1  # the loss's one forward
+    step = inspect.getsource(trl.GRPOTrainer.training_step)
+    assert "self._step += 1" in step and "self.current_gradient_accumulation_steps" in step
+    assert 'self._metrics[mode]["entropy"].append(' in inspect.getsource(trl.GRPOTrainer._compute_loss)

@@ -1,0 +1,145 @@
+"""verl's own ``compute_advantage`` (verl 0.9.1, installed without its pins beside transformers 5.19:
+requirements-verl.txt) dispatching to the ``acr_*`` estimators of avspo_openrlhf/integrations/verl.py:
+the closed forms on a DataProto, a closed gate is verl's ``grpo`` bit for bit, one controller per run,
+both plugin loading paths, and the verl names the plugin relies on."""
+
+import importlib.metadata as md
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+try:
+    md.version("verl")
+except md.PackageNotFoundError:
+    pytest.skip("verl is not installed: pip install --no-deps -r requirements-verl.txt (setup.sh does)", allow_module_level=True)  # fmt: skip
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.trainer.ppo import core_algos  # noqa: E402
+from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
+
+from avspo_openrlhf.algo import ESTIMATORS, group_advantages  # noqa: E402
+from avspo_openrlhf.integrations import verl as plugin  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+REWARDS = torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 1], [0, 1, 1, 1]])  # ACR 0.5
+OPTIONS = {"avspo": {"alpha": 1.0, "strategy": "opposite"}, "ngrpo": {"num_max": 2}, "sign": {"scope": "all"}}
+
+
+def data(rewards: torch.Tensor, seed: int = 0):
+    """A DataProto as verl's trainer hands it over: the groups' rows interleaved, responses of several
+    lengths, each outcome reward on its response's last token. Returns it and ``perm`` (row r holds
+    sample ``perm[r]`` of ``rewards.reshape(-1)``)."""
+    n, g = rewards.shape
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n * g, generator=gen)
+    lengths = torch.randint(1, 7, (n * g,), generator=gen)
+    mask = (torch.arange(6) < lengths[:, None]).float()
+    scores = torch.zeros(n * g, 6)
+    scores[torch.arange(n * g), lengths - 1] = rewards.reshape(-1)[perm]
+    uid = np.array([f"prompt-{int(i) // g}" for i in perm], dtype=object)
+    return DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": mask}, non_tensors={"uid": uid}), perm  # fmt: skip
+
+
+def algorithm(estimator: str, **sections):
+    return OmegaConf.create({"adv_estimator": estimator, "norm_adv_by_std_in_grpo": True, "gamma": 1.0, "lam": 1.0, **sections})  # fmt: skip
+
+
+def advantages(cfg, rewards=REWARDS, seed=0):
+    batch, perm = data(rewards, seed)
+    out = compute_advantage(batch, adv_estimator=cfg.adv_estimator, config=cfg)
+    return out.batch["advantages"], out.batch["returns"], out.batch["response_mask"], perm
+
+
+def closed_form(remedy: str, options: dict, tau: float) -> torch.Tensor:
+    cls = ESTIMATORS[remedy].config
+    cfg = cls(**{**options, **{k: v for k, v in (("std_convention", "unbiased"), ("eps", 1e-6)) if hasattr(cls, k)}}) if cls else None  # fmt: skip
+    adv, _ = group_advantages(REWARDS, remedy, cfg, tau_adapt=tau)
+    return adv
+
+
+@pytest.mark.parametrize("remedy", plugin.REMEDIES)
+def test_compute_advantage_gives_the_closed_forms(remedy):
+    options = OPTIONS.get(remedy, {})
+    cfg = algorithm(plugin.PREFIX + remedy, acr={"tau_init": 0.3}, **({remedy: options} if options else {}))
+    adv, returns, mask, perm = advantages(cfg)
+    expected = closed_form(remedy, options, 0.3).reshape(-1)[perm]
+    assert torch.allclose(adv, expected[:, None] * mask, atol=1e-6) and torch.equal(adv, returns)
+    if options:  # the options came from algorithm.<remedy>: the defaults give other numbers
+        assert not torch.allclose(expected, closed_form(remedy, {}, 0.3).reshape(-1)[perm], atol=1e-3)
+    if remedy in ("avspo", "ngrpo", "sign"):  # collapsed groups got the remedy's non-zero advantages
+        assert (adv.abs().sum(dim=1) > 0).sum() > 8  # more rows than the two mixed groups' 8
+    m = plugin.acr_metrics(cfg)
+    assert m["acr"] == 0.5 and m["acr/all_right"] == 0.25 and m["acr/all_wrong"] == 0.25
+    assert m["acr/remedy_groups"] == {"grpo": 0.0, "dr_grpo": 0.5, "avspo": 0.5, "ngrpo": 0.75, "sign": 1.0}[remedy]
+
+
+@pytest.mark.parametrize("estimator,tau", [("acr_avspo", 0.9), ("acr_ngrpo", 0.9), ("acr_grpo", 0.3)])
+def test_a_closed_gate_is_verls_grpo_bit_for_bit(estimator, tau):
+    sections = {"ngrpo": {"gated": True}} if estimator == "acr_ngrpo" else {}
+    cfg = algorithm(estimator, acr={"tau_init": tau}, **sections)
+    ours, ours_returns, _, _ = advantages(cfg)
+    theirs, theirs_returns, _, _ = advantages(algorithm("grpo"))
+    assert torch.equal(ours, theirs) and torch.equal(ours_returns, theirs_returns)
+    assert plugin.acr_metrics(cfg).get("acr/gate_open", 0.0) == 0.0 and plugin.acr_metrics(cfg)["acr"] == 0.5
+
+
+def test_one_controller_per_run_keeps_the_window_and_threshold():
+    cfg = algorithm("acr_avspo", acr={"window": 2, "tau_init": 0.6, "seed": 3})
+    advantages(cfg, torch.ones(4, 4))  # ACR 1: the gate opens
+    advantages(cfg)  # ACR 0.5 alone would keep it shut; the window's mean 0.75 keeps it open
+    m = plugin.acr_metrics(cfg)
+    assert plugin.controller_of(cfg).state_dict()["steps"] == 2 and m["acr/gate"] == 0.75 and m["acr/gate_open"] == 1.0
+    other = algorithm("acr_avspo", acr={"window": 2, "tau_init": 0.6})
+    advantages(other)  # a new run: its own window
+    assert plugin.controller_of(other).state_dict()["steps"] == 1 and plugin.acr_metrics(other)["acr/gate_open"] == 0.0
+    assert plugin.controller_of(cfg).state_dict()["steps"] == 2 and plugin.controller_of() is plugin.controller_of(
+        other
+    )
+
+
+def test_bad_setups_fail_in_one_line():
+    with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo"):
+        advantages(OmegaConf.merge(algorithm("acr_avspo"), {"norm_adv_by_std_in_grpo": False}))
+    with pytest.raises(ValueError, match="one size G >= 2"):
+        batch, _ = data(REWARDS)
+        batch.non_tensor_batch["uid"][0] = "a-prompt-alone"
+        compute_advantage(batch, adv_estimator="acr_sign", config=algorithm("acr_sign"))
+    with pytest.raises(ValueError, match="has no option"):
+        advantages(algorithm("acr_avspo", avspo={"alpah": 1.0}))
+    with pytest.raises(ValueError, match="follow the framework's GRPO"):
+        advantages(algorithm("acr_avspo", avspo={"eps": 1e-3}))
+
+
+def _registered(env: dict[str, str]) -> list[str]:
+    code = "import verl\nfrom verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as R\nprint(sorted(k for k in R if k.startswith('acr_')))"  # fmt: skip
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return eval(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_verl_loads_the_plugin_by_entry_point_or_by_module_list():
+    ours = sorted(plugin.PREFIX + r for r in plugin.REMEDIES)
+    assert _registered({}) == ours  # the "verl.plugins" entry point (pyproject.toml)
+    assert _registered({"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": plugin.__name__}) == ours
+
+
+def test_the_verl_surface_we_rely_on():
+    pin = re.search(r"^verl==(\S+)", (ROOT / "requirements-verl.txt").read_text(), re.M).group(1)
+    assert md.version("verl") == pin == plugin.TESTED_VERL, "verl changed: re-check the names below and docs/verl.md"
+    for name in plugin.REMEDIES:
+        assert core_algos.get_adv_estimator_fn(plugin.PREFIX + name).__name__ == f"compute_acr_{name}_advantage"
+    sig = inspect.signature(core_algos.compute_grpo_outcome_advantage).parameters
+    assert sig["epsilon"].default == plugin.VERL_EPS and {"index", "norm_adv_by_std_in_grpo"} <= set(sig)
+    # docs/verl.md's metrics recipe overrides this method of verl's v1 trainer (not importable here: TransferQueue)
+    v1 = Path(core_algos.__file__).parent / "v1" / "trainer_base.py"
+    assert re.search(r"def _compute_advantage\(self, batch[^,]*, metrics: dict\)", v1.read_text())
+    assert "rl_zvp" in ESTIMATORS and "rl_zvp" not in plugin.REMEDIES  # token-level: see the plugin's docstring
