@@ -8,8 +8,8 @@ listed in :func:`_replacements` and applied only by :func:`installed`:
   (``openrlhf.trainer.ppo_trainer.PPOTrainer`` or ``ppo_trainer_async.PPOTrainerAsync``), builds
   its DeepSpeed strategy with ``train_ppo_ray.get_strategy`` and its policy actors from
   ``train_ppo_ray.PolicyModelActor``, so ``avspo-train --backend gpu`` puts ours there (the
-  crash-safe checkpoints of ``trainer/checkpoint.py``, the policy actor's ``token_entropy`` of
-  ``trainer/actors.py``) for the duration of that call.
+  crash-safe checkpoints of ``trainer/checkpoint.py``, the policy actor's entropy-returning
+  ``forward`` of ``trainer/actors.py``) for the duration of that call.
 - ``cpu``: the CUDA-only calls on OpenRLHF's DeepSpeed actor path (the device mesh,
   ``torch.cuda.set_device``/``synchronize``/``current_device``, the replay buffer's ``cuda:N``
   device, the ``fp32`` dtype name); the replacements are in ``cpu/cuda_shims.py``. Applied in
@@ -59,8 +59,8 @@ def _replacements(*, trainers: bool, cpu: bool, on_ray_started=None) -> list:
         from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, RemedyPPOTrainerAsync
 
         out += [
-            # imported at the module's top, used in train(args): a policy actor that also answers
-            # token_entropy (RL-ZVP)
+            # imported at the module's top, used in train(args): a policy actor whose log-prob
+            # forward also returns RL-ZVP's token entropies
             Swap(train_ppo_ray, "PolicyModelActor", RemedyPolicyModelActor),
             Swap(ppo_trainer, "PPOTrainer", RemedyPPOTrainer),
             Swap(ppo_trainer_async, "PPOTrainerAsync", RemedyPPOTrainerAsync),
