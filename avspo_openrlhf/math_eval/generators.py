@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from avspo_openrlhf.ray_auth import loopback_env
 from avspo_openrlhf.rewards.extract import last_boxed
 
 
@@ -61,6 +62,7 @@ class VLLMGenerator:
         if cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            os.environ.update(loopback_env())  # one in-process engine: its gloo sockets on loopback
         self.model, self.cpu, self.tp, self.dp = model, cpu, tensor_parallel, data_parallel
         self.engine_kwargs = dict(
             model=model,
