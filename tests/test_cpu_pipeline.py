@@ -17,6 +17,7 @@ import pytest
 from helpers import FIXTURES, tiny_assets
 
 from avspo_openrlhf.algo import AdaptiveThreshold
+from avspo_openrlhf.cli.console import own_line
 from avspo_openrlhf.cpu.models import model_is_complete
 from avspo_openrlhf.report import read_metrics
 
@@ -319,6 +320,11 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
     steps = re.findall(r"\[quickstart\] step (\d)/4 \(\d+ %\)  (first step after|\d+ s/step  ETA \d+:\d\d)", r.stdout)
     assert steps and steps[-1][0] == "3" and steps[0][1] == "first step after", r.stdout[-3000:]
     assert "Episode [" not in r.stdout  # OpenRLHF's prompt-count bar stays in the log
+    # the console before the summary: the project's lines only; vLLM, DeepSpeed, Ray, OpenRLHF in the log
+    head = [ln for ln in r.stdout[: r.stdout.index("## CPU quickstart")].splitlines() if ln.strip()]
+    assert len(head) <= 25 and all(own_line(ln) == ln for ln in head), head
+    log = (tmp_path / "quickstart.log").read_text(errors="replace")
+    assert all(s in log for s in ("Initializing a V1 LLM engine", "Global step", "Train epoch")), log[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     for name in ("all", "add1", "mul1", "add2"):
         gain, lo, hi = summary["gain_ci95"][name]
@@ -339,8 +345,10 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
     # killed while writing final/: an empty config.json is not a finished training
     (tmp_path / "final" / "config.json").write_text("")
     shutil.rmtree(tmp_path / "eval_after")
-    r3 = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=ENV, cwd=root)
+    verbose = [*cmd[: cmd.index("--")], "--verbose", *cmd[cmd.index("--") :]]
+    r3 = subprocess.run(verbose, capture_output=True, text=True, timeout=600, env=ENV, cwd=root)
     assert r3.returncode == 0 and "is incomplete" in r3.stdout, (r3.stdout + r3.stderr)[-3000:]
+    assert "Initializing a V1 LLM engine" in r3.stdout  # --verbose: the upstream output on the console too
     assert model_is_complete(str(tmp_path / "final")) and (tmp_path / "eval_after" / "summary.json").exists()
 
 

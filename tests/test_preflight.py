@@ -135,3 +135,26 @@ def test_labels_math_verify_cannot_parse_are_reported(tmp_path, capsys):
     # (empty labels are refused earlier, by the row check: non-empty ones math-verify cannot read here)
     bad = _rows(tmp_path, [json.dumps({"prompt": "q", "answer": "\\"})] * 3, "bad2.jsonl")
     assert "none of the 3 labels" in _fails(capsys, _flags(tmp_path, bad, reward=openrlhf_reward.__file__))
+
+
+def test_dry_run_runs_the_offline_checks(tmp_path, capsys, monkeypatch):
+    """--dry-run (submit.sh's check) catches what a run would catch before Ray: a missing dataset,
+    a bad row; a path only the compute nodes see passes with AVSPO_ALLOW_MISSING_PATHS=1, as a
+    warning. It changes nothing and needs no Ray: a dead RAY_ADDRESS is not its business."""
+    monkeypatch.delenv("AVSPO_ALLOW_MISSING_PATHS", raising=False)
+    missing = tmp_path / "nope.jsonl"
+    msg = _fails(capsys, ["--dry-run", *_flags(tmp_path, missing)])
+    assert (
+        msg
+        == f"avspo-train: error: {missing}: no such file (a path only the compute nodes see: AVSPO_ALLOW_MISSING_PATHS=1)"
+    )
+    bad = _rows(tmp_path, [GOOD[0], "{broken"])
+    assert f"{bad}:2: broken JSON" in _fails(capsys, ["--dry-run", *_flags(tmp_path, bad)])
+    monkeypatch.setenv("AVSPO_ALLOW_MISSING_PATHS", "1")
+    assert f"{bad}:2" in _fails(capsys, ["--dry-run", *_flags(tmp_path, bad)])  # only a missing path is allowed
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:9")  # nothing answers there
+    assert main(["--dry-run", *_flags(tmp_path, missing, model=tmp_path / "no" / "model"), "--backend", "cpu"]) == 0
+    out = capsys.readouterr()
+    warnings = [ln for ln in out.err.splitlines() if ln.startswith("[avspo] warning:")]
+    assert len(warnings) == 2 and str(missing) in warnings[0] and "no such folder" in warnings[1]
+    assert json.loads(out.out[out.out.index("{") :])["data"]["prompt_dataset"] == str(missing)

@@ -406,6 +406,23 @@ def test_login_node_dry_run_and_a_finished_run(slurm, tmp_path):
     assert "Submitted" not in r.stdout
 
 
+def test_a_missing_dataset_is_refused_before_anything_is_queued(slurm, tmp_path):
+    """SLURM_REAL: `submit.sh tiny_cpu_smoke` without the config's preparation lines was queued,
+    started Ray, joined the node and failed 7 s into training. Its check (avspo-train --dry-run)
+    now runs the offline preflight: one line, exit 2, no job (Slurm keeps every job's record for
+    an hour here, MinJobAge, so a job that started and ended would still be listed)."""
+    name = f"missing-{os.getpid()}"
+    missing = tmp_path / "missing.jsonl"
+    r = subprocess.run(["bash", str(SLURM / "submit.sh"), "tiny_cpu_smoke", "--out", str(tmp_path / "run"), "--name",
+                        name, "--", "--data.prompt_dataset", str(missing)],
+                       capture_output=True, text=True, env=_env(tmp_path), timeout=300)  # fmt: skip
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.splitlines() == [f"avspo-launch: error: tiny_cpu_smoke: {missing}: no such file (a path only the "
+                                     "compute nodes see: --allow-missing-paths); nothing was submitted"]  # fmt: skip
+    jobs = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout
+    assert f"JobName={name} " not in jobs and not (tmp_path / "logs").exists()
+
+
 def test_reaper_spares_other_jobs_and_itself():
     """The teardown's process selection (cluster/reap.py) on processes started here: only the tag."""
     from avspo_openrlhf.cluster.reap import reap, tagged

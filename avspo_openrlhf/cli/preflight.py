@@ -17,6 +17,14 @@ class PreflightError(ValueError):
     pass
 
 
+class MissingPath(PreflightError):
+    """A local path that is not there. On a login node (``submit.sh``'s check) it may be one that
+    only the compute nodes see: ``AVSPO_ALLOW_MISSING_PATHS=1`` makes it a warning there."""
+
+
+ALLOW_MISSING_ENV = "AVSPO_ALLOW_MISSING_PATHS"
+
+
 def _offline() -> bool:
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes")
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))  # fmt: skip
@@ -32,7 +40,7 @@ def _local_files(spec: str | None, keys: list[str] | None = None) -> list[str]:
         if not part:
             continue
         if part.endswith(DATA_SUFFIXES + TABLE_SUFFIXES) and not os.path.exists(part):
-            raise PreflightError(f"{part}: no such file")
+            raise MissingPath(f"{part}: no such file")
         if os.path.isdir(part):
             out += _folder_files(part)
         elif part.endswith(TABLE_SUFFIXES):
@@ -44,7 +52,7 @@ def _local_files(spec: str | None, keys: list[str] | None = None) -> list[str]:
             and not os.path.exists(part)
             and (part.startswith((".", "/", "~")) or part.count("/") > 1)
         ):
-            raise PreflightError(f"{part}: no such file or folder")
+            raise MissingPath(f"{part}: no such file or folder")
         elif not os.path.exists(part) and _offline() and not _dataset_cached(part):
             raise PreflightError(f"{part}: not a local file or folder, and the hub is offline (HF_HUB_OFFLINE) with no "
                                  "cached copy of this dataset id; give a local .jsonl (avspo-prepare-data writes one)")  # fmt: skip
@@ -164,7 +172,7 @@ def check_model(name: str | None, flag: str = "--actor.model_name_or_path") -> N
     if looks_local:
         path = os.path.expanduser(name)
         if not os.path.isdir(path):
-            raise PreflightError(f"{flag} {name}: no such folder (and not a hub id like org/name)")
+            raise MissingPath(f"{flag} {name}: no such folder (and not a hub id like org/name)")
         if not os.path.exists(os.path.join(path, "config.json")):
             raise PreflightError(f"{flag} {name}: no config.json in that folder")
 
@@ -245,7 +253,7 @@ def check_reward_file(path: str, row: dict | None, input_key: str, label_key: st
     import subprocess
 
     if not os.path.isfile(path):
-        raise PreflightError(f"--reward.remote_url {path}: no such file")
+        raise MissingPath(f"--reward.remote_url {path}: no such file")
     payload = None
     if row is not None:
         prompt = row.get(input_key)
@@ -369,16 +377,20 @@ STALE_BUILD_LOCK_S = 600.0  # building DeepSpeed's CPU ops takes a minute or two
 
 def clear_stale_build_locks(root: str | None = None, max_age_s: float = STALE_BUILD_LOCK_S) -> list[str]:
     """Remove torch-extension build locks older than ``max_age_s``. DeepSpeed JIT-loads its ops
-    (``deepspeed_shm_comm``, ``cpu_adam``) under torch's ``FileBaton``, a bare ``lock`` file with no
+    (``deepspeed_shm_comm``, ``fused_adam``) under torch's ``FileBaton``, a bare ``lock`` file with no
     owner: a process killed while holding it (kill -9, the OOM killer) leaves it behind, and every
     later run waits on it forever inside a Ray actor, printing nothing."""
     import glob
     import time
 
-    root = root or os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
-                                                                          "torch_extensions")  # fmt: skip
+    from avspo_openrlhf.cpu.ops import extensions_dir
+
+    # the environment's folder (cpu/ops.py) and torch's default one, which other runs may use
+    roots = [root] if root else [extensions_dir(), os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")]
     removed = []
-    for lock in glob.glob(os.path.join(root, "*", "lock")) + glob.glob(os.path.join(root, "*", "*", "lock")):
+    locks = [lk for r in dict.fromkeys(filter(None, roots)) for pattern in ("*/lock", "*/*/lock")
+             for lk in glob.glob(os.path.join(r, pattern))]  # fmt: skip
+    for lock in locks:
         try:
             if time.time() - os.path.getmtime(lock) > max_age_s:
                 os.remove(lock)
@@ -388,29 +400,47 @@ def clear_stale_build_locks(root: str | None = None, max_age_s: float = STALE_BU
     return removed
 
 
-def preflight(args) -> None:
-    """All checks; raises :class:`PreflightError` with one line."""
-    for lock in clear_stale_build_locks():
-        print(f"[avspo] removed a stale build lock {lock} (left by a process killed while building DeepSpeed's "
-              "ops; every run would have waited on it forever)", file=sys.stderr)  # fmt: skip
+def preflight(args, *, dry_run: bool = False, allow_missing: bool = False) -> list[str]:
+    """All checks; raises :class:`PreflightError` with one line. ``dry_run`` (``avspo-train
+    --dry-run``, ``submit.sh``'s check): the checks that need no Ray and no network and change
+    nothing (no stale-lock cleanup, no probe of ``RAY_ADDRESS``). ``allow_missing`` (dry run only):
+    a missing path is a warning, printed and returned, and the checks that need it are skipped."""
+    warnings: list[str] = []
+
+    def tolerate(check, *a):
+        try:
+            return check(*a)
+        except MissingPath as e:
+            if not (dry_run and allow_missing):
+                raise
+            warnings.append(f"[avspo] warning: {e} ({ALLOW_MISSING_ENV}=1: it must exist where the job runs)")
+            print(warnings[-1], file=sys.stderr)
+            return None
+
+    if not dry_run:
+        for lock in clear_stale_build_locks():
+            print(f"[avspo] removed a stale build lock {lock} (left by a process killed while building DeepSpeed's "
+                  "ops; every run would have waited on it forever)", file=sys.stderr)  # fmt: skip
     check_checkpoints(args)
-    if getattr(args, "backend", "gpu") == "cpu":  # OpenRLHF's GPU path handles RAY_ADDRESS itself
+    if getattr(args, "backend", "gpu") == "cpu" and not dry_run:  # OpenRLHF's GPU path handles RAY_ADDRESS itself
         check_ray_address(os.environ.get("RAY_ADDRESS"))
     data = args.data
     keys = [data.input_key] + ([data.label_key] if data.label_key else [])
     first = None
-    for path in _local_files(data.prompt_dataset, keys):
+    train_files = tolerate(_local_files, data.prompt_dataset, keys) or []
+    for path in train_files:
         row = check_rows(path, keys)
         first = first or row
-    for path in _local_files(getattr(args.eval, "dataset", None), keys):
+    for path in tolerate(_local_files, getattr(args.eval, "dataset", None), keys) or []:
         check_rows(path, keys)
-    check_model(args.actor.model_name_or_path)
+    tolerate(check_model, args.actor.model_name_or_path)
     urls = args.reward.remote_url  # OpenRLHF's checks split "a,b" into a list
     for url in [urls] if isinstance(urls, str) else urls or []:
         if url.endswith(".py"):
-            check_reward_file(url, first, data.input_key, data.label_key)
+            tolerate(check_reward_file, url, first, data.input_key, data.label_key)
     if data.label_key and _uses_math_reward(urls):
-        for path in _local_files(data.prompt_dataset, keys):
+        for path in train_files:
             warning = check_labels(path, data.label_key)
             if warning:
                 print(warning, file=sys.stderr)
+    return warnings

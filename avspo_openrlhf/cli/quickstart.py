@@ -34,9 +34,9 @@ def run_command(cmd: list[str], log: Path, progress: StepProgress | None = None,
     """Run ``cmd`` with ``log`` as its stdout and stderr (everything it and its children print is
     kept), the project's lines copied to this terminal (every line when ``verbose``); a failure shows
     the log's last lines and exits."""
+    with open(log, "ab") as f:
+        f.write(f"$ {shlex.join(cmd)}\n".encode())  # in the log, not on the terminal
     with open(log, "ab") as f, follow_log(log, verbose):
-        f.write(f"$ {shlex.join(cmd)}\n".encode())
-        f.flush()
         # its console is the log: it prints everything there (its own quiet mode would split the log)
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, VERBOSE_ENV: "1"})
         # Ctrl-C reaches the child too: let it checkpoint and exit (130) while we wait for it
@@ -130,7 +130,7 @@ def evaluate_heldout(model: str, heldout: str, out: Path, args, log: Path) -> di
     """``model``'s held-out summary (``avspo-eval`` into ``out`` with ``eval_flags``; an
     evaluation already in ``out`` is read, not run again)."""
     if not (out / "summary.json").exists():
-        print(f"[quickstart] evaluating {Path(model).name} on the held-out problems ({args.eval_n} samples each)",
+        print(f"[quickstart] held-out evaluation -> {out.name}: {Path(model).name}, {args.eval_n} samples per problem",
               flush=True)  # fmt: skip
         run_command([sys.executable, "-m", "avspo_openrlhf.cli.evaluate", *eval_flags(args, model, heldout, out)], log)
     return json.loads((out / "summary.json").read_text())["benchmarks"]["arith"]

@@ -5,26 +5,28 @@ The path of one run, in order (each step an ordinary function call):
 
 1. :func:`openrlhf_args`: OpenRLHF's own parser, defaults and checks (its ``__main__`` block,
    without its final ``train(args)``), plus our flag groups and :func:`check_config`;
-2. ``--dry-run``: print the config and stop; otherwise :func:`~avspo_openrlhf.cli.preflight.preflight`
-   (datasets, model, reward file: seconds, before Ray);
+2. :func:`~avspo_openrlhf.cli.preflight.preflight` (datasets, model, reward file: seconds, before
+   Ray); ``--dry-run`` runs its offline part, prints the config and stops;
 3. ``--backend gpu``: OpenRLHF's ``train(args)`` with our trainer classes installed for that call
    (:func:`avspo_openrlhf.install.installed`); ``--backend cpu``:
    :func:`avspo_openrlhf.cpu.backend.train_cpu`;
 4. PNG plots of the run's metrics.
 
     avspo-train --help                  # OpenRLHF's flags and ours
-    avspo-train --dry-run <flags>       # parse + validate, print the final config, exit
+    avspo-train --dry-run <flags>       # parse + validate + offline checks, print the final config, exit
     avspo-train @launch_scripts/configs/qwen2.5-math-1.5b_avspo.args --ckpt.path runs/x/ckpt
                                         # flags from a file (shell-like words, # comments, $VARS
                                         # expanded); later flags override the file's
 
-Secrets never reach a dump, a log or the wandb config (see ``avspo_openrlhf.redaction``).
+Secrets never reach a dump, a log or the wandb config (see ``avspo_openrlhf.redaction``). With
+``--backend cpu`` on a terminal, upstream output goes to ``<report.dir>/train.log`` (:func:`cpu_console`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import importlib
 import json
 import os
@@ -33,8 +35,9 @@ import sys
 import threading
 from types import SimpleNamespace
 
+from avspo_openrlhf.cli.console import quiet_console, verbose_setting
 from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, reclaim_sigterm
-from avspo_openrlhf.cli.preflight import PreflightError, preflight
+from avspo_openrlhf.cli.preflight import ALLOW_MISSING_ENV, MissingPath, PreflightError, preflight
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
 from avspo_openrlhf.ray_auth import enable_token_auth
 from avspo_openrlhf.redaction import move_wandb_key_to_env, redact
@@ -44,7 +47,8 @@ from avspo_openrlhf.trainer.stop import clear_stop_request, take_stopped_marker
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 DESCRIPTION = (
     "avspo-train: OpenRLHF 0.11.2 PPO/GRPO training (Ray + vLLM + DeepSpeed) with Advantage Collapse Rate "
-    "monitoring, AVSPO virtual-sample advantages (--avspo.enable), a std-based dynamic filter, entropy/KL "
+    "monitoring, advantage remedies (--avspo.enable, --ngrpo.enable, --rl_zvp.enable, --sign.enable), a std-based "
+    "dynamic filter and GRESO, entropy/KL "
     "alarms and a version-tagged async rollout buffer. Every OpenRLHF flag keeps its meaning."
 )
 
@@ -126,12 +130,25 @@ def _fail(message: str):
 def extend_parser(parser: argparse.ArgumentParser) -> None:
     """Our flags and conventions on OpenRLHF's parser."""
     parser.prog = "avspo-train"
-    # a prefix must not pass for a flag: `--avspo.tau_i 0.3` would silently set --avspo.tau_init
+    # a prefix must not pass for a flag: `--acr.tau_i 0.3` would silently set --acr.tau_init
     parser.allow_abbrev = False
     parser.description = parser.description or DESCRIPTION
     parser.fromfile_prefix_chars = "@"  # avspo-train @config.args: a config is a command line
     parser.convert_arg_line_to_args = config_file_words
-    parser.add_argument("--dry-run", action="store_true", help="Parse and validate all flags, print the config, exit.")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="Parse and validate all flags, run the offline checks (model folder, dataset files and their rows, "
+        "reward file; no Ray, no network), print the config, exit. A missing path fails; "
+        "AVSPO_ALLOW_MISSING_PATHS=1 makes it a warning (a path only the compute nodes see).",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="--backend cpu on a terminal: show vLLM's, DeepSpeed's, Ray's and OpenRLHF's output here too (by "
+        "default it goes to <report.dir>/train.log and the terminal shows this project's lines; AVSPO_VERBOSE=1 "
+        "does the same).",
+    )
     parser.add_argument(
         "--backend",
         choices=["gpu", "cpu"],
@@ -140,11 +157,21 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         "(vLLM-cpu engine, DeepSpeed on gloo).",
     )
     config.add_args(parser)
+    for old, new in config.RENAMED_FLAGS.items():  # here too when the flag comes from an @config file
+        parser.add_argument(old, nargs="*", help=argparse.SUPPRESS, action=_renamed(new))
+
+
+def _renamed(new: str):
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            _fail(f"{option_string} was renamed {new}")
+
+    return Renamed
 
 
 def flag_table() -> str:
-    """The README's table of the flags avspo-train adds, generated from the parser itself (so every
-    default and help text is the one ``--help`` prints)."""
+    """The table of the flags avspo-train adds (docs/flags.md), generated from the parser itself (so
+    every default and help text is the one ``--help`` prints)."""
     parser = argparse.ArgumentParser(add_help=False)
     extend_parser(parser)
 
@@ -158,8 +185,10 @@ def flag_table() -> str:
 
     rows = ["| flag | default | meaning |", "| --- | --- | --- |"]
     for a in parser._actions:
-        if a.option_strings:
-            rows.append(f"| `{a.option_strings[0]}` | {default(a)} | {(a.help or '').replace('%%', '%')} |")
+        if a.option_strings and a.help != argparse.SUPPRESS:
+            # markdown: a bare | splits the cell, a <placeholder> would be read as an HTML tag
+            help_text = (a.help or "").replace("%%", "%").replace("|", "\\|").replace("<", "&lt;")
+            rows.append(f"| `{a.option_strings[0]}` | {default(a)} | {help_text} |")
     return "\n".join(rows) + "\n"
 
 
@@ -183,6 +212,8 @@ def parse(argv: list[str]) -> tuple[SimpleNamespace, bool]:
     import torch
 
     if not torch.cuda.is_available():  # a CPU machine: OpenRLHF imports flash_attn at module top
+        # what DeepSpeed picks here anyway, without its warning that it had to guess
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
         from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
 
         install_gpu_module_stubs()
@@ -220,7 +251,15 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
 def _run(argv: list[str], dry_run: bool):
     enable_token_auth()  # before parse() imports OpenRLHF and with it Ray, which reads the mode once
     args, dry = parse(argv)
-    if dry or dry_run:
+    if dry_run:  # the API: parsed and validated, nothing read from disk
+        return args, True
+    if dry:  # --dry-run: the offline checks too, so a launcher refuses a job before it is queued
+        try:
+            allow = os.environ.get(ALLOW_MISSING_ENV, "").lower() in ("1", "true", "yes")
+            preflight(args, dry_run=True, allow_missing=allow)
+        except PreflightError as e:
+            hint = f" (a path only the compute nodes see: {ALLOW_MISSING_ENV}=1)" if isinstance(e, MissingPath) else ""
+            _fail(f"{e}{hint}")
         return args, True
     # checkpoints hold the weights and the optimizer: nothing this run writes (here or in the Ray
     # processes it starts) is readable by other users; the group keeps what the user's umask gives
@@ -238,7 +277,8 @@ def _run(argv: list[str], dry_run: bool):
     if args.backend == "cpu":
         from avspo_openrlhf.cpu.backend import train_cpu
 
-        train_cpu(args, on_ray_started=reclaim_sigterm)
+        with cpu_console(args):
+            train_cpu(args, on_ray_started=reclaim_sigterm)
     else:
         from avspo_openrlhf.install import installed
 
@@ -250,6 +290,20 @@ def _run(argv: list[str], dry_run: bool):
         files = plot_run(os.path.join(args.report.dir, "metrics.jsonl"), os.path.join(args.report.dir, "plots"))
         print(f"[avspo] plots: {', '.join(files) or 'none (no metrics)'}")
     return args, False
+
+
+def cpu_console(args):
+    """The CPU backend's console on a terminal: this project's lines there, everything else in
+    ``<report.dir>/train.log`` (``./avspo-train.log`` without a report folder). ``--verbose`` /
+    ``AVSPO_VERBOSE=1`` leave the console as it is; ``AVSPO_VERBOSE=0`` is quiet off a terminal too.
+    Off a terminal (a pipe, a batch job's log) the output is already a log: left as it is."""
+    setting = verbose_setting()
+    if getattr(args, "verbose", False) or setting is True or (setting is None and not sys.stdout.isatty()):
+        return contextlib.nullcontext()
+    log = os.path.join(args.report.dir, "train.log") if args.report.dir else "avspo-train.log"
+    print(f"[avspo] vLLM, DeepSpeed, Ray and OpenRLHF output: {log} (--verbose or AVSPO_VERBOSE=1 shows it here)",
+          flush=True)  # fmt: skip
+    return quiet_console(log)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ async trainers, checkpoints. Added here, and only here:
 - :class:`CPUPolicyModelActor`: weight sync by ``reload_weights`` on the engine instead of NCCL.
 - ``--cpu.engine_cores`` / ``--cpu.train_cores`` (``cores.py``): the engine and the DeepSpeed actors
   on disjoint cores, each pinned from inside its own process and read back.
-- ``install.install_cpu_worker``: every Ray worker gets the stand-ins for GPU-only modules and the CUDA-call
+- ``worker.install_cpu_worker``: every Ray worker gets the stand-ins for GPU-only modules and the CUDA-call
   shims (``cuda_shims.py``).
 - :func:`train_cpu`: the CPU counterpart of ``openrlhf.cli.train_ppo_ray.train`` (no GPUs, no
   placement groups, logical CPUs so that the trainer, generator and model actors all fit).
@@ -24,8 +24,9 @@ import os
 
 import ray
 
-from avspo_openrlhf.cpu.cores import binding, cpulist, pin_process, resolve_split
+from avspo_openrlhf.cpu.cores import binding, cpulist, pin_process, resolve_split, thread_env
 from avspo_openrlhf.cpu.dtype import VLLM_DTYPE, describe_cpu_dtype, resolve_cpu_dtype
+from avspo_openrlhf.cpu.ops import EXT_ENV, extensions_dir
 
 CPU_ENV = {
     "DS_ACCELERATOR": "cpu",
@@ -35,10 +36,10 @@ CPU_ENV = {
     "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
     "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 2)),
-    # async mode overlaps the engine and the trainer on the same cores: spinning OpenMP threads made
-    # both 2-4x slower on 2 cores (passive: ~fair sharing; no cost when a process runs alone)
-    "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
+    # OMP_WAIT_POLICY: per run, from the mode and the core split (cores.thread_env)
 }
+if extensions_dir():  # DeepSpeed's compiled ops: the environment's own folder, in every worker (ops.py)
+    CPU_ENV[EXT_ENV] = extensions_dir()
 
 
 def _engine_base():
@@ -185,11 +186,34 @@ class _Pinnable:
         return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
-class CPUReferenceModelActor(_Pinnable, _reference_base()):
+class _LoopbackRendezvous:
+    """DeepSpeed's ``env://`` rendezvous starts a torch ``TCPStore`` that listens on every interface,
+    whatever ``MASTER_ADDR`` says (torch 2.13). On a loopback node (a single-machine run) the actor
+    serves the store itself from a socket bound to ``MASTER_ADDR``, and torch's rendezvous joins it as
+    a client: torchelastic's agent-store contract (``TORCHELASTIC_USE_AGENT_STORE``)."""
+
+    def __init__(self, world_size, rank, master_addr=None, master_port=None):
+        super().__init__(world_size, rank, master_addr, master_port)
+        host = os.environ["MASTER_ADDR"]
+        if world_size == 1 and _is_loopback(host):  # the CPU backend: one DeepSpeed process per group
+            import socket
+
+            from torch.distributed import TCPStore
+
+            self._store_socket = socket.create_server(
+                (host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+            )
+            self._master_port = self._store_socket.getsockname()[1]
+            self._store = TCPStore(host, self._master_port, 1, True, wait_for_workers=False,
+                                   master_listen_fd=self._store_socket.fileno())  # fmt: skip
+            os.environ.update(MASTER_PORT=str(self._master_port), TORCHELASTIC_USE_AGENT_STORE="True")
+
+
+class CPUReferenceModelActor(_Pinnable, _LoopbackRendezvous, _reference_base()):
     """OpenRLHF's reference actor, pinnable to the training cores."""
 
 
-class CPUPolicyModelActor(_Pinnable, _entropy_mixin(), _policy_base()):
+class CPUPolicyModelActor(_Pinnable, _LoopbackRendezvous, _entropy_mixin(), _policy_base()):
     """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
 
     cpu_engines: list = []
@@ -247,28 +271,51 @@ def validate_cpu_args(args) -> None:
 _REAPER: list = []  # one watcher per driver process (cpu/reaper.py)
 
 
-def init_ray() -> None:
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    ip = ipaddress.ip_address(host.strip("[]"))
+    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
+
+
+def init_ray(extra_env: dict[str, str] | None = None) -> None:
+    """Ray for the CPU backend, every worker with ``CPU_ENV`` plus ``extra_env`` (the run's thread
+    settings, ``cores.thread_env``)."""
     if ray.is_initialized():
         return
-    os.environ.update({k: v for k, v in CPU_ENV.items() if k not in os.environ})
-    runtime_env = {"worker_process_setup_hook": "avspo_openrlhf.install.install_cpu_worker", "env_vars": CPU_ENV}
+    env = {**CPU_ENV, **(extra_env or {})}
+    os.environ.update({k: v for k, v in env.items() if k not in os.environ})
+    runtime_env = {"worker_process_setup_hook": "avspo_openrlhf.cpu.worker.install_cpu_worker", "env_vars": env}
     address = os.environ.get("RAY_ADDRESS")
     if address:  # a cluster someone started (the SLURM launcher's): its CPUs, its ports, its auth
         ray.init(address=address, runtime_env=runtime_env)
         print(f"[avspo] CPU backend: joined the Ray cluster at {address}")
         return
-    ray.init(
-        # a new cluster of our own: without "local", ray.init() joins any `ray start` cluster on this
-        # machine (another job's or user's), or fails on the stale address one left behind
-        address="local",
-        # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
-        num_cpus=max(8, os.cpu_count() or 1),
-        include_dashboard=False,
-        # one machine: the agents' HTTP servers on loopback only (every port needs the token that
-        # avspo-train's ray_auth.enable_token_auth set up before Ray was imported)
-        _node_ip_address="127.0.0.1",
-        runtime_env=runtime_env,
-    )
+    # one machine: every port on loopback (docs/security.md). Ray 2.55 binds its GCS, raylet, object
+    # manager, worker, agent and metrics servers to the node's address, but ray.init replaces
+    # _node_ip_address="127.0.0.1" by the host's address unless multi-node clusters are off (as on
+    # Windows/macOS): off for this call only. The token (ray_auth) still guards every Ray port.
+    from ray._private import ray_constants  # private: tests/test_loopback.py guards it
+
+    from avspo_openrlhf.ray_auth import loopback_env  # gloo's and vLLM's sockets, in every worker
+
+    multi_node, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
+    try:
+        ray.init(
+            # a new cluster of our own: without "local", ray.init() joins any `ray start` cluster on this
+            # machine (another job's or user's), or fails on the stale address one left behind
+            address="local",
+            # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
+            num_cpus=max(8, os.cpu_count() or 1),
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            runtime_env={**runtime_env, "env_vars": {**env, **loopback_env()}},
+        )
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = multi_node
+    node = ray.util.get_node_ip_address()
+    if not _is_loopback(node):
+        print(f"[avspo] CPU backend: Ray's node is on {node}, not loopback: its ports are reachable from other hosts")
     if not _REAPER:  # kill -9 of this driver must not leave Ray's agents running (ray.init's hooks don't run)
         from avspo_openrlhf.cpu.reaper import start_reaper
 
@@ -315,14 +362,22 @@ def train_cpu(args, on_ray_started=None) -> None:
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
     from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
-    from avspo_openrlhf.trainer.trainers import AVSPOPPOTrainer, AVSPOPPOTrainerAsync
+    from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, RemedyPPOTrainerAsync
 
-    init_ray()
+    engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
+    init_ray(thread_env(args.train.async_enable, bool(engine_cores)))
     if on_ray_started is not None:
         on_ray_started()
+    from avspo_openrlhf.cpu.ops import build, is_built, ops_for
+
+    ops = ops_for(args.ds.adam_offload)
+    if not os.environ.get("RAY_ADDRESS"):  # one machine: its ops built (and said so) before the actors load them
+        build(ops, say=lambda msg: print(msg, flush=True))
+    elif missing := [n for n in ops if not is_built(n)]:  # a cluster's nodes build their own: say so at least
+        print(f"[avspo] DeepSpeed compiles {', '.join(missing)} in the actors on first use (about a minute on 2 "
+              "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)", flush=True)  # fmt: skip
     strategy = crash_safe_strategy(args)
     model = args.actor.model_name_or_path
-    engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
     engines = [
         ray.remote(num_cpus=0)(CPUEngine).remote(
             model,
@@ -343,7 +398,7 @@ def train_cpu(args, on_ray_started=None) -> None:
     if engine_cores:
         _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
 
-    trainer_cls = AVSPOPPOTrainerAsync if args.train.async_enable else AVSPOPPOTrainer
+    trainer_cls = RemedyPPOTrainerAsync if args.train.async_enable else RemedyPPOTrainer
     trainer = trainer_cls.remote(
         model, strategy, actor, None, None, ref, engines,
         do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Submit one config to SLURM: checks the config with the real parser (seconds, before anything is
-# queued), then sbatch's avspo.sbatch with the resources you ask for (default: the config's own
-# `# resources:` line).
+# Submit one config to SLURM: checks the config with the real parser and the offline preflight
+# (avspo-train --dry-run: flags, model folder, dataset files and rows, reward file; seconds, before
+# anything is queued; a mistake is one line and exit 2), then sbatch's avspo.sbatch with the
+# resources you ask for (default: the config's own `# resources:` line).
 #
 #   bash launch_scripts/slurm/submit.sh CONFIG [options] [-- extra avspo-train flags]
 #     --nodes N            nodes (default: the config's)
@@ -12,6 +13,9 @@
 #     --out DIR            run folder (default: runs/<config>); a resubmission resumes from it
 #     --dry-run            print the sbatch command and everything the job would run; submit nothing
 #     --no-check           skip the avspo-train --dry-run check
+#     --allow-missing-paths  a local path the check cannot find (one only the compute nodes see) is a
+#                          warning, not a refusal (the same: AVSPO_ALLOW_MISSING_PATHS=1)
+# The check runs in the repository, as the job does (relative paths in a config are from there).
 #
 # Examples:
 #   bash launch_scripts/slurm/submit.sh qwen2.5-math-1.5b_avspo --partition gpu --account myproj
@@ -22,14 +26,16 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 # shellcheck source-path=SCRIPTDIR
 source "$REPO/launch_scripts/slurm/lib.sh"
 
-[ $# -ge 1 ] && [ "${1:0:1}" != "-" ] || avspo_die "usage: submit.sh CONFIG [--nodes N] [--gpus-per-node G] [--partition P] [--account A] [--time T] [--dry-run] [-- flags]"
+case "${1:-}" in -h | --help) sed -n '2,/^set -euo/{/^set -euo/d; s/^# \{0,1\}//; p}' "${BASH_SOURCE[0]}"; exit 0 ;; esac
+[ $# -ge 1 ] && [ "${1:0:1}" != "-" ] || avspo_die "usage: submit.sh CONFIG [--nodes N] [--gpus-per-node G] [--partition P] [--account A] [--time T] [--dry-run] [--allow-missing-paths] [-- flags] (--help: all options)"
 CONFIG=$(avspo_config_path "$REPO" "$1")
+CONFIG=$(realpath "$CONFIG")  # the job runs in $REPO
 shift
 NAME=$(basename "$CONFIG" .args)
 NODES=$(avspo_config_resource "$CONFIG" nodes 1)
 GPUS=$(avspo_config_resource "$CONFIG" gpus_per_node 8)
 TIME=$(avspo_config_resource "$CONFIG" time 24:00:00)
-JOB_NAME=$NAME OUT="" DRY=0 CHECK=1 SBATCH_OPTS=() EXTRA=()
+JOB_NAME=$NAME OUT="" DRY=0 CHECK=1 ALLOW_MISSING=${AVSPO_ALLOW_MISSING_PATHS:-0} SBATCH_OPTS=() EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --nodes) NODES=$2; shift 2 ;;
@@ -40,6 +46,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --dry-run) DRY=1; shift ;;
     --no-check) CHECK=0; shift ;;
+    --allow-missing-paths) ALLOW_MISSING=1; shift ;;
     --) shift; EXTRA=("$@"); break ;;
     *) avspo_die "unknown option '$1' (avspo-train flags go after --)" ;;
   esac
@@ -65,8 +72,15 @@ if [ "$CHECK" = 1 ]; then
   # the real parser and OpenRLHF's validation, with the flags the job will add: a typo fails here
   FLAGS=$(avspo_train_flags "$CONFIG" "$NODES" "$GPUS" "$OUT") || exit 2
   mapfile -t CHECK <<<"$FLAGS"
-  "$TRAIN_BIN" --dry-run "${CHECK[@]}" "${EXTRA[@]}" >/dev/null \
-    || avspo_die "$CONFIG does not parse with these flags (see above); nothing was submitted"
+  ERR=$(mktemp)
+  if ! (cd "$REPO" && AVSPO_ALLOW_MISSING_PATHS=$ALLOW_MISSING "$TRAIN_BIN" --dry-run "${CHECK[@]}" "${EXTRA[@]}") >/dev/null 2>"$ERR"; then
+    MSG=$(sed -n 's/^avspo-train: error: //p' "$ERR" | tail -n1)
+    [ -n "$MSG" ] || MSG="avspo-train --dry-run failed: $(grep -v '^\s*$' "$ERR" | tail -n1)"
+    rm -f "$ERR"
+    avspo_die "$(basename "$CONFIG" .args): ${MSG//AVSPO_ALLOW_MISSING_PATHS=1/--allow-missing-paths}; nothing was submitted"
+  fi
+  grep '^\[avspo\] warning' "$ERR" >&2 || true
+  rm -f "$ERR"
 fi
 
 GRES=()
