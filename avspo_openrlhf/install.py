@@ -81,4 +81,3 @@ def installed(*, trainers: bool = False, cpu: bool = False, on_ray_started=None)
         for p in _replacements(trainers=trainers, cpu=cpu, on_ray_started=on_ray_started):
             stack.enter_context(p)
         yield
-

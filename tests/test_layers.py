@@ -102,8 +102,10 @@ def test_the_check_sees_a_stair_up(tmp_path, monkeypatch):
         "import os\n\ndef f():\n    from avspo_openrlhf.cli.interrupt import INTERRUPT\n"
     )
     (fake / "cli" / "y.py").write_text("from ..trainer import x\n")
-    (fake / "trainer" / "z.py").write_text('"""Docstring naming avspo_openrlhf.cli.train is no import."""\n'
-                                           'HOOK = "avspo_openrlhf.cli.interrupt.install_interrupt_handler"\n')
+    (fake / "trainer" / "z.py").write_text(
+        '"""Docstring naming avspo_openrlhf.cli.train is no import."""\n'
+        'HOOK = "avspo_openrlhf.cli.interrupt.install_interrupt_handler"\n'
+    )
     monkeypatch.setattr(sys.modules[__name__], "PKG", fake)
     edges = sorted((p.name, line, s, d) for p, line, s, d in _edges())
     assert edges == [("x.py", 4, "trainer", "cli"), ("y.py", 1, "cli", "trainer"), ("z.py", 2, "trainer", "cli")]

@@ -90,9 +90,7 @@ def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
     assert len(err) == 1 and err[0].startswith("avspo-train: error: ") and msg in err[0], err
 
 
-@pytest.mark.parametrize(
-    "flags", [["--acr.tau_i", "0.3"], ["--logger.wandb.ke", "sk-secret"], ["--actor.adam.l", "1"]]
-)
+@pytest.mark.parametrize("flags", [["--acr.tau_i", "0.3"], ["--logger.wandb.ke", "sk-secret"], ["--actor.adam.l", "1"]])
 def test_a_flag_prefix_is_refused_not_taken_for_the_flag(flags, capsys):
     """argparse would take `--acr.tau_i 0.3` for --acr.tau_init without a word."""
     with pytest.raises(SystemExit) as exc:
@@ -241,7 +239,9 @@ REWARDS = torch.tensor(
 @pytest.mark.parametrize("avspo", [False, True])
 def test_maker_equals_openrlhf_group_norm_when_off_or_gate_closed(avspo):
     flags = (
-        ["--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9"] if avspo else []
+        ["--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9"]
+        if avspo
+        else []
     )
     args = parse(*flags, "--acr.window", "1")
     ours, e1, e2 = _both(args, rollout_samples(REWARDS), kl_coef=0.05)
@@ -282,7 +282,9 @@ def test_overlong_penalty_is_applied_before_the_group_statistics():
     flags = ["--reward.overlong_buffer_len", "4", "--rollout.max_new_tokens", "12"]
     lengths = torch.full((4, 8), 4)
     lengths[1, 0] = 12  # an all-wrong group with one overlong sample: a "phantom" advantage
-    args = parse(*flags, "--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9")
+    args = parse(
+        *flags, "--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9"
+    )
     ours, e1, e2 = _both(args, rollout_samples(REWARDS, lengths))
     for a, b in zip(e1, e2):
         assert torch.allclose(a.advantages, b.advantages, atol=1e-6, rtol=1e-6)

@@ -80,7 +80,9 @@ SCRIPT = {
 def test_samples_generator_through_reward_file_with_dynamic_filter(local_ray, filter_flag):
     engine = ray.remote(num_cpus=0)(scripted_engine_class()).remote(local_ray, REWARD_FILE, SCRIPT)
     args = parse(filter_flag, "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "2")
-    gen = RemedySamplesGenerator(NS(args=args), _prompts(6), None, _tokenizer(local_ray), [engine], version_fn=lambda: 7)
+    gen = RemedySamplesGenerator(
+        NS(args=args), _prompts(6), None, _tokenizer(local_ray), [engine], version_fn=lambda: 7
+    )
     samples, pass_rate, consumed, exhausted = gen.generate_samples(max_new_tokens=16, max_len=64, temperature=1.0)
     # q0 and q1 have zero reward std: dropped and replaced by q2, q3 (order of arrival may vary)
     assert consumed == 4 and len(samples) == 8 and not exhausted

@@ -207,7 +207,9 @@ class RemedyTrainerMixin:
         super().restore_best_checkpoint_state(checkpoint_states)
         if checkpoint_states:
             self.policy_version = int(checkpoint_states.get("global_step", 0))
-            state = next((checkpoint_states[k] for k in (STATE_KEY, *LEGACY_STATE_KEYS) if checkpoint_states.get(k)), None)
+            state = next(
+                (checkpoint_states[k] for k in (STATE_KEY, *LEGACY_STATE_KEYS) if checkpoint_states.get(k)), None
+            )
             if state:
                 self.load_remedy_state_dict(state)
                 logger.info(f"[avspo] restored ACR/threshold state at step {self.policy_version}")
