@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -194,7 +195,7 @@ def test_avspo_train_on_the_cpu_backend_keeps_upstream_output_in_its_log(tmp_pat
         "--run.max_steps", "2", "--ckpt.path", str(tmp_path / "ckpt"), "--ckpt.output_dir", str(tmp_path / "final"),
         "--report.dir", str(tmp_path / "report"),
     ]  # fmt: skip
-    env = {**os.environ, "AVSPO_VERBOSE": "0", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "AVSPO_VERBOSE": "0", "PYTHONUNBUFFERED": "1", "AVSPO_REWARD_TIMEOUT": "2"}
     r = subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.train", *flags], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, env=env, timeout=600)  # fmt: skip
     log = (tmp_path / "report" / "train.log").read_text(errors="replace")
@@ -204,7 +205,10 @@ def test_avspo_train_on_the_cpu_backend_keeps_upstream_output_in_its_log(tmp_pat
     assert len(at) == 1 and len(console) <= 15, console  # the log's path, once
     # from there on, ours only (before it: parsing the flags, e.g. transformers' line on WANDB_MODE)
     assert all(own_line(ln) == ln for ln in console[at[0] :]), console
-    for upstream in ("Initializing a V1 LLM engine", "Global step", "Train epoch", "DeepSpeed"):
+    # Ray relays each actor's output as its log monitor reads it: a long line (vLLM's engine config,
+    # ~5 KB) can come in pieces under load, so the engine's output is told by its actor prefix
+    assert re.search(r"\(CPUEngine pid=\d+\).* (INFO|WARNING) ", log), "no vLLM engine line"
+    for upstream in ("Global step", "Train epoch", "DeepSpeed"):
         assert upstream in log, upstream
     for name, was in built_before.items():
         assert ops.is_built(name) and (f"compiling DeepSpeed op {name}" in r.stdout) != was
