@@ -1,7 +1,9 @@
 """What our trainers ask of OpenRLHF's policy actor beyond its own methods: RL-ZVP's token
 entropies H_t (docs/algorithm.md#rl-zvp) from the log-prob forward ``make_experience`` already runs.
 
-:class:`TokenEntropyMixin` goes before ``PolicyModelActor`` in the MRO; the GPU path gets
+:class:`TokenEntropyMixin` goes before ``PolicyModelActor`` in the MRO, after
+:class:`~avspo_openrlhf.trainer.response_logits.ResponseLogitsMixin` (logits for the response
+positions only); the GPU path gets
 :data:`RemedyPolicyModelActor` (``install.py`` puts it where ``train(args)`` looks), the CPU backend
 mixes it into its own policy actor.
 """
@@ -14,6 +16,7 @@ from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 from openrlhf.utils.vlm_utils import merge_mm_train_inputs
 
 from .entropy import ForwardWithEntropy, log_probs_and_entropy
+from .response_logits import ResponseLogitsMixin
 
 
 class TokenEntropyMixin:
@@ -55,7 +58,7 @@ class TokenEntropyMixin:
         return (entropy.float() * action_mask.to(entropy.device)).to("cpu")
 
 
-class _PolicyModelActor(TokenEntropyMixin, PolicyModelActor.__ray_actor_class__):
+class _PolicyModelActor(ResponseLogitsMixin, TokenEntropyMixin, PolicyModelActor.__ray_actor_class__):
     pass
 
 
