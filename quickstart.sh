@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The embedded CPU default: sets up .venv on a fresh machine (bash setup.sh), then trains
-# SmolLM2-135M-Instruct on synthetic arithmetic with GRPO + AVSPO, async, on CPU (a few minutes on a
+# SmolLM2-135M-Instruct on synthetic arithmetic with GRPO + AVSPO on CPU (a few minutes on a
 # 2-core machine; the measured times, with the machine named, are in docs/quickstart.md) and prints
 # held-out accuracy before/after. The console shows the stages and the steps; everything else goes to
 # <out>/quickstart.log (--verbose shows it too). Rerun to resume. Options: bash quickstart.sh --help

