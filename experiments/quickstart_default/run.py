@@ -24,16 +24,25 @@ def _fmt(g) -> str:
     return f"{100 * g[0]:+.1f} [{100 * g[1]:+.1f}, {100 * g[2]:+.1f}]"
 
 
+def _training(r: dict) -> str:
+    """The training stage's time, its first step's and its mode (runs before these were recorded: —)."""
+    if not r.get("train_s"):
+        return "—"
+    first = f" ({r['first_step_s']:.0f} s)" if r.get("first_step_s") else ""
+    return f"{r['train_s']:.0f} s{first}, {r.get('mode', '?')}"
+
+
 def table(results: dict[int, dict]) -> str:
     lines = [
-        "| seed | wall time | held-out pass@1 before → after | gain, points [95 % bootstrap interval] | "
-        + " | ".join(f"{lv} gain" for lv in LEVELS) + " | truncated answers before → after |",
-        "| --- | --- | --- | --- | " + " | ".join("---" for _ in LEVELS) + " | --- |",
+        "| seed | wall time | training (first step after) | held-out pass@1 before → after | gain, points [95 % bootstrap "
+        "interval] | " + " | ".join(f"{lv} gain" for lv in LEVELS) + " | truncated answers before → after |",
+        "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in LEVELS) + " | --- |",
     ]  # fmt: skip
     for seed, r in sorted(results.items()):
         g = r["gain_ci95"]
         lines.append(
-            f"| {seed} | {r['wall_min']:.1f} min | {100 * r['before']['pass@1']:.1f} % → {100 * r['after']['pass@1']:.1f} % "
+            f"| {seed} | {r['wall_min']:.1f} min | {_training(r)} "
+            f"| {100 * r['before']['pass@1']:.1f} % → {100 * r['after']['pass@1']:.1f} % "
             f"| **{_fmt(g['all'])}** | " + " | ".join(_fmt(g[lv]) for lv in LEVELS)
             + f" | {100 * r['before']['truncation_rate']:.0f} % → {100 * r['after']['truncation_rate']:.0f} % |"
         )  # fmt: skip
