@@ -216,6 +216,19 @@ def report(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def portable(obj, paths: dict[str, str]):
+    """``obj`` with each machine path (run folder, model, repository) replaced by its placeholder:
+    the committed results name no one's folders."""
+    if isinstance(obj, dict):
+        return {k: portable(v, paths) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [portable(v, paths) for v in obj]
+    if isinstance(obj, str):
+        for path, name in paths.items():
+            obj = obj.replace(path, name)
+    return obj
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--trl-worker"]:
@@ -282,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     (results / "bench_vs_trl.md").write_text(text, encoding="utf-8")
-    (results / "bench_vs_trl.json").write_text(json.dumps(res, indent=1), encoding="utf-8")
+    paths = {str(out.resolve()): "<out>", str(out): "<out>", model: "<model>", str(HERE.parent): "<repo>"}
+    (results / "bench_vs_trl.json").write_text(json.dumps(portable(res, paths), indent=1), encoding="utf-8")
     print("\n" + text)
     return 0
 

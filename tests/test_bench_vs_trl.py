@@ -47,3 +47,11 @@ def test_modes_are_checked(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--modes", "sync,fast", "--only", "ours"])
     assert "--modes: fast: expected sync and/or async" in capsys.readouterr().err
+
+
+def test_the_committed_results_name_no_machines_folders(bench):
+    res = {"final": "/tmp/x/run/ours_sync/final", "flags": ["--actor.model_name_or_path", "/home/u/m", "/tmp/x/run/d"]}
+    got = bench.portable(res, {"/tmp/x/run": "<out>", "/home/u/m": "<model>"})
+    assert got == {"final": "<out>/ours_sync/final", "flags": ["--actor.model_name_or_path", "<model>", "<out>/d"]}
+    committed = (ROOT / "benchmarks" / "results" / "bench_vs_trl.json").read_text()
+    assert not any(p in committed for p in ("/tmp/", "/root/", "/home/", "/work/"))

@@ -41,8 +41,7 @@ class ResponseLogitsActor(Actor):
     def forward(self, sequences, action_mask=None, attention_mask=None, return_output=False,
                 allgather_logits=False, return_logprobs=False, ring_attn_group=None, packed_seq_lens=None,
                 return_entropy=False, **mm_inputs):  # fmt: skip
-        if (action_mask is None or return_logprobs or allgather_logits or ring_attn_group is not None or mm_inputs
-                or self.packing_samples):  # fmt: skip
+        if action_mask is None or return_logprobs or allgather_logits or ring_attn_group is not None or mm_inputs:
             return super().forward(sequences, action_mask, attention_mask, return_output, allgather_logits,
                                    return_logprobs, ring_attn_group, packed_seq_lens, return_entropy, **mm_inputs)  # fmt: skip
         a = action_mask.shape[1]
