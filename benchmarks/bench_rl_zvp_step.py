@@ -10,10 +10,16 @@ its chunked log-prob kernel), without Ray or DeepSpeed:
   forward (``trainer/entropy.py: log_probs_and_entropy``, what the policy actor runs now);
 - train: one forward + backward over the batch (PPO's clipped ratio loss) and an AdamW step.
 
+With ``--old-pass skipped`` (the CPU backend's quickstart: one optimizer step per rollout batch, no
+KL, ``trainer/old_log_probs.py``) there is no experience forward: GRPO trains alone, ``before`` still
+makes the separate entropy pass, ``after`` keeps the rows' entropies from the training forward
+(``ResponseLogitsActor.entropy_rows``); every variant then uses the response-only forward.
+
 Variants are interleaved, each repeat times all three; prints medians and the ratios, all from this
 one run, and the largest gap between the two ways' entropies.
 
     python benchmarks/bench_rl_zvp_step.py                        # tiny model, CPU, fp32
+    python benchmarks/bench_rl_zvp_step.py --old-pass skipped     # as the CPU quickstart runs
     python benchmarks/bench_rl_zvp_step.py --model qwen2-0.5b --device cuda --dtype bf16 \\
         --batch 8 --prompt-len 256 --response-len 768             # a random Qwen2-0.5B-shaped model
 """
@@ -73,6 +79,9 @@ def main() -> None:
                     help="fraction of the batch in zero-variance groups (ACR): the rows that need entropies")  # fmt: skip
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--old-pass", choices=["runs", "skipped"], default="runs",
+                    help="runs: make_experience's no-grad log-prob forward (GPU runs, and CPU runs that need it); "
+                    "skipped: none, as the CPU backend where the old log-probs are the training forward's")  # fmt: skip
     ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--out", help="also write the result (JSON) to this file")
     args = ap.parse_args()
@@ -92,6 +101,11 @@ def main() -> None:
         path = build_model(args.model, tmp, dtype)
         # OpenRLHF loads bf16 (fp32 is the CPU backend's addition); the weights then take --dtype
         actor = Actor(path, attn_implementation=args.attn, param_dtype="bf16").to(device=device, dtype=dtype)
+    skipped = args.old_pass == "skipped"
+    if skipped:
+        from avspo_openrlhf.trainer.response_logits import use_response_logits
+
+        assert use_response_logits(actor), "the response-only forward does not apply to this model"
     vocab = actor.model.config.vocab_size
     seq, amask, attn, rows, adv = make_batch(vocab, args.batch, args.prompt_len, args.response_len,
                                              args.zero_variance, device)  # fmt: skip
@@ -104,7 +118,12 @@ def main() -> None:
     def experience(variant: str):
         actor.eval()
         with torch.no_grad():
-            if variant == "after":
+            if skipped:
+                old, h = None, None
+                if variant == "before":
+                    _, out = actor(seq[rows], amask[rows], attn[rows], return_output=True, return_entropy=True)
+                    h = out.entropy[:, -amask.shape[1] :].float() * amask[rows]
+            elif variant == "after":
                 old, h = log_probs_and_entropy(actor, seq, amask, attn, rows)
             else:
                 old, h = actor(seq, amask, attn), None
@@ -114,8 +133,13 @@ def main() -> None:
         actor.train()
         return old, h
 
-    def train(old):
+    def train(old, variant):
+        if skipped and variant == "after":
+            actor.entropy_rows = rows
         logp = actor(seq, amask, attn)
+        actor.entropy_rows = None
+        if old is None:  # the skipped pass: the training forward's own, detached (ratio 1)
+            old = logp.detach()
         ratio = (logp - old).exp()
         loss = -(torch.min(ratio * adv, ratio.clamp(0.8, 1.2) * adv) * amask).sum() / amask.sum()
         loss.backward()
@@ -132,9 +156,11 @@ def main() -> None:
             old, h = experience(v)
             sync()
             t1 = time.perf_counter()
-            train(old)
+            train(old, v)
             sync()
             t2 = time.perf_counter()
+            if skipped and v == "after":
+                h = actor.kept_entropy * amask[rows]
             entropies[v] = h
             if i >= args.warmup:
                 times[v]["experience"].append(t1 - t0)
@@ -146,15 +172,13 @@ def main() -> None:
     gap = float((entropies["after"] - entropies["before"]).abs().max()) if rows.any() else 0.0
     result = {
         "model": args.model, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": args.dtype, "attn": args.attn, "batch": args.batch, "prompt_len": args.prompt_len,
+        "dtype": args.dtype, "attn": args.attn, "old_pass": args.old_pass, "batch": args.batch, "prompt_len": args.prompt_len,
         "response_len": args.response_len, "zero_variance_rows": int(rows.sum()), "repeats": args.repeats,
         "threads": torch.get_num_threads(),
         "median_ms": {v: {k: round(1000 * x, 3) for k, x in m.items()} for v, m in med.items()},
         "step_ratio": {"before/grpo": med["before"]["step"] / med["grpo"]["step"],
                        "after/grpo": med["after"]["step"] / med["grpo"]["step"],
                        "after/before": med["after"]["step"] / med["before"]["step"]},
-        "experience_ratio": {"before/grpo": med["before"]["experience"] / med["grpo"]["experience"],
-                             "after/grpo": med["after"]["experience"] / med["grpo"]["experience"]},
         "max_entropy_gap_nats": gap,
     }  # fmt: skip
     if device.type == "cuda":

@@ -39,6 +39,16 @@ def every_estimator(device: str) -> dict[str, tuple[torch.Tensor, dict]]:
             adv, info = group_advantages(r, name, cfg, acr_gate=0.9, generator=gen)
             assert adv.device == r.device and adv.shape == r.shape, key
             out[key] = (adv.cpu(), info)
+    # the token-level part (RL-ZVP): entropies and masks made on ``device``, signs from those rewards
+    from avspo_openrlhf.algo import CollapseController, zero_variance_sign
+
+    for name in sorted(n for n, e in ESTIMATORS.items() if e.token_fn is not None):
+        sign = zero_variance_sign(r)
+        entropy = torch.linspace(0.1, 2.0, len(REWARDS) * 3, device=device).reshape(len(REWARDS), 3)
+        mask = torch.tensor([[1, 1, 0]] * len(REWARDS), dtype=torch.bool, device=device)
+        tokens = CollapseController(name).token_advantages(entropy, mask, sign)
+        assert tokens.device == r.device and tokens.shape == entropy.shape, name
+        out[f"{name}/tokens"] = (tokens.cpu(), {"acr": float((sign != 0).float().mean())})
     return out
 
 

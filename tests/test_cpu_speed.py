@@ -40,7 +40,7 @@ def _quickstart_args(tmp_path, *extra):
     ],
 )
 def test_old_log_probs_are_skipped_only_when_they_equal_the_training_forwards(tmp_path, extra, current):
-    from avspo_openrlhf.cpu.backend import old_log_probs_are_current
+    from avspo_openrlhf.trainer.old_log_probs import old_log_probs_are_current
 
     assert old_log_probs_are_current(_quickstart_args(tmp_path, *extra)) is current
 
@@ -51,7 +51,7 @@ def test_the_loss_on_a_skipped_pass_is_the_loss_on_the_old_log_probs_it_would_ha
     old log-probs (an RL-ZVP pass that ran) reach the loss unchanged."""
     from openrlhf.models import PolicyLoss
 
-    from avspo_openrlhf.cpu.backend import _OldIsCurrent
+    from avspo_openrlhf.trainer.old_log_probs import OldIsCurrent
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 6, generator=g)
@@ -68,7 +68,7 @@ def test_the_loss_on_a_skipped_pass_is_the_loss_on_the_old_log_probs_it_would_ha
 
     placeholder = torch.full((4, 6), float("nan"))
     placeholder[2, 4:] = 0.0  # the replay buffer re-pads a re-collated batch with zeros
-    wrapped = _OldIsCurrent(PolicyLoss())
+    wrapped = OldIsCurrent(PolicyLoss())
     got = loss_and_grad(wrapped, lambda lp: placeholder)
     want = loss_and_grad(PolicyLoss(), lambda lp: lp.detach())
     assert torch.isfinite(got[0]) and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

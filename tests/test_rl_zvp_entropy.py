@@ -77,55 +77,101 @@ def test_rows_follow_the_shaped_reward_and_missing_entropies_fail_in_one_line():
         plain.compute_advantages_and_returns(exps)
 
 
+def _sample_key(seq, attn):
+    return tuple(seq[attn.bool()].tolist())
+
+
 @pytest.mark.slow
-def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, monkeypatch):
-    """The real policy actor (OpenRLHF's + our mixin) on CPU DeepSpeed, fp32: per step (experience
-    + ppo_train) RL-ZVP calls the model as often as GRPO, and its entropies are those of a separate
-    pass (``token_entropy``, what RL-ZVP used to run in addition)."""
+@pytest.mark.parametrize("old_pass", ["runs", "skipped"])
+def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, monkeypatch, old_pass):
+    """The CPU backend's policy actor (OpenRLHF's + our mixins) on DeepSpeed, fp32, as the quickstart
+    runs it (one optimizer step per rollout batch, no KL: the old-log-prob pass is skipped) and with
+    that pass running (the GPU path's shape, a second optimizer step per batch): per step (experience +
+    ppo_train) RL-ZVP calls the model exactly as often as GRPO, and the advantages the loss trains on
+    carry the token advantages of a separate entropy pass (``token_entropy``, what RL-ZVP used to run
+    in addition) on exactly the zero-variance responses."""
     pytest.importorskip("deepspeed")
+    from avspo_openrlhf.cpu.backend import CPUPolicyModelActor
     from avspo_openrlhf.cpu.tiny import build_tiny_model
     from avspo_openrlhf.install import installed
-    from avspo_openrlhf.trainer.actors import RemedyPolicyModelActor
     from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     model = build_tiny_model(str(tmp_path / "tiny"))
+    batch = "12" if old_pass == "skipped" else "4"  # 4 of 12 samples a step: later steps need the old pass
     args = _args("--actor.model_name_or_path", model, "--ds.zero_stage", "2", "--ds.attn_implementation", "eager",
-                 "--train.batch_size", "12", "--train.micro_batch_size", "4", "--data.max_len", "64",
-                 "--backend", "cpu", "--cpu.dtype", "fp32", "--vllm.sync_backend", "gloo",
+                 "--train.batch_size", batch, "--train.micro_batch_size", "4", "--data.max_len", "64",
+                 "--backend", "cpu", "--cpu.dtype", "fp32", "--vllm.sync_backend", "gloo", "--algo.kl.init_coef", "0",
                  "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0")  # fmt: skip
-    with installed(cpu=True):
-        actor = RemedyPolicyModelActor.__ray_actor_class__(1, 0, "127.0.0.1", free_port())
+    sign = zero_variance_sign(REWARDS)
+    with installed(cpu=True), torch.compiler.set_stance("force_eager"):  # CPU workers run without dynamo
+        actor = CPUPolicyModelActor(1, 0, "127.0.0.1", free_port())
         actor.init_model_from_pretrained(crash_safe_strategy(args), model, max_steps=4)
+        assert actor.reuse_old is (old_pass == "skipped")
         calls: list[int] = []
         real = actor.actor.forward
         actor.actor.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+        trained = []  # (sample key, advantages) of every row the loss sees
+        loss = actor.trainer.actor_loss_fn
+        inner = loss.loss if actor.reuse_old else loss
+        step = actor.trainer.training_step
+
+        def spy_step(experience, *a, **k):
+            keys = [_sample_key(q, m) for q, m in zip(experience.sequences, experience.attention_mask)]
+            n_before = len(trained)
+            out = step(experience, *a, **k)
+            trained[n_before:] = list(zip(keys, trained[n_before:]))
+            return out
+
+        def spy_loss(log_probs, old, advantages, *a, **k):
+            trained.extend(row[m.bool()].clone() for row, m in zip(advantages, k["action_mask"]))
+            return inner(log_probs, old, advantages, *a, **k)
+
+        actor.trainer.training_step = spy_step
+        if actor.reuse_old:
+            loss.loss = spy_loss
+        else:
+            actor.trainer.actor_loss_fn = spy_loss
         seen = {}
-        for name in ("grpo", "rl_zvp", "grpo"):
-            maker = maker_for(args, LocalGroup(actor), controller=CollapseController(name, None))
+        for name in ("grpo", "rl_zvp"):
+            controller = CollapseController(name, None)
+            maker = maker_for(args, LocalGroup(actor), controller=controller)
+            assert maker.entropy_in_training is (name == "rl_zvp" and actor.reuse_old)
+            if name == "rl_zvp" and actor.reuse_old:  # the actor built its own from the same args
+                actor.trainer.training_step.token_advantages = controller.token_advantages
             calls.clear()
             exps = maker.make_experience_batch(rollout_samples(REWARDS, LENGTHS, prompt_len=5))
             experience_calls = len(calls)
-            if name == "rl_zvp":  # the reference pass, outside the count
-                sign = zero_variance_sign(REWARDS)
-                for e in exps:
-                    rows = sign[torch.tensor(e.index) // G] != 0
-                    if not rows.any():
-                        continue
+            want = {}
+            for e in exps:  # the reference: a separate entropy pass, before the update
+                rows = sign[torch.tensor(e.index) // G] != 0
+                adv = e.advantages.clone()
+                if name == "rl_zvp" and actor.reuse_old and rows.any():
                     mask = e.action_mask[rows]
                     h = actor.token_entropy(e.sequences[rows], mask, e.attention_mask[rows])
-                    want = maker.controller.token_advantages(h, mask, sign[torch.tensor(e.index) // G][rows])
+                    adv[rows] += controller.token_advantages(h, mask, sign[torch.tensor(e.index) // G][rows])
+                elif name == "rl_zvp" and rows.any():  # the pass ran: the maker added them already
+                    mask = e.action_mask[rows]
+                    h = actor.token_entropy(e.sequences[rows], mask, e.attention_mask[rows])
                     got = e.advantages[rows] * mask  # the group part is 0 there (KL 0)
-                    assert torch.allclose(got, want, atol=1e-5)
-                assert 0 < maker.last_metrics["rl_zvp/entropy_mean"] < math.log(len(actor.tokenizer))
-                del calls[experience_calls:]
+                    want_tokens = controller.token_advantages(h, mask, sign[torch.tensor(e.index) // G][rows])
+                    assert torch.allclose(got, want_tokens, atol=1e-5)
+                for q, m, am, a in zip(e.sequences, e.attention_mask, e.action_mask, adv):
+                    want[_sample_key(q, m)] = a[am.bool()]
+            del calls[experience_calls:]
+            trained.clear()
             for e in exps:
                 actor.append(e)
             status = actor.fit(kl_ctl=0.0)
             assert math.isfinite(float(status["policy_loss"]))
-            seen.setdefault(name, []).append((experience_calls, len(calls)))
-    assert seen["rl_zvp"][0] == seen["grpo"][0] == seen["grpo"][1], seen
-    assert seen["rl_zvp"][0][0] == len(exps)  # one forward per micro-batch while making experiences
+            assert "_zero_variance_sign" not in status  # taken out of info before OpenRLHF logs it
+            assert len(trained) == len(want)
+            assert sorted(k for k, _ in trained) == sorted(want)
+            for key, a in trained:
+                assert torch.allclose(a, want[key], atol=1e-5), key
+            seen[name] = (experience_calls, len(calls))
+    assert seen["rl_zvp"] == seen["grpo"], seen
+    assert seen["grpo"][0] == (0 if actor.reuse_old else len(exps))  # one forward per micro-batch, or none
 
 
 # ── the OpenRLHF names the entropy hook relies on ──
@@ -198,3 +244,22 @@ def test_the_rows_entropies_equal_openrlhfs_return_entropy(tmp_path, packing):
     assert torch.allclose(log_probs, want_log_probs)
     assert entropy.shape == (3, 7) and torch.allclose(entropy, want, atol=1e-5)
     assert (entropy[action_mask[rows]] > 0).all() and (entropy[~action_mask[rows]] == 0).all()
+
+
+def test_training_step_still_calls_forward_then_loss_then_logs_info():
+    """``TokenAdvantagesInTraining`` replaces ``training_step`` on the trainer instance (``ppo_train``
+    calls ``self.training_step``), takes its key out of ``experience.info`` before OpenRLHF logs
+    ``info``, and relies on the policy's forward running before the loss, which gets the
+    advantages third."""
+    from openrlhf.trainer.ray.ppo_actor import ActorPPOTrainer
+
+    assert "status = self.training_step(experience, kl_ctl, step, loss_batch_info)" in inspect.getsource(
+        ActorPPOTrainer.ppo_train
+    )
+    src = inspect.getsource(ActorPPOTrainer.training_step)
+    forward = src.index("action_log_probs, output = self.actor(")
+    loss = src.index(
+        "self.actor_loss_fn(\n            action_log_probs,\n            old_action_log_probs,\n            advantages,"
+    )
+    info = src.index("for k, v in experience.info.items():")
+    assert forward < loss < info

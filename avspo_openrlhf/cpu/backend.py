@@ -223,56 +223,36 @@ class CPUReferenceModelActor(_Pinnable, _LoopbackRendezvous, _response_logits(),
     """OpenRLHF's reference actor, pinnable to the training cores."""
 
 
-def old_log_probs_are_current(args) -> bool:
-    """Whether PPO's "old" log-probs are the policy's own at its training forward: one epoch with one
-    optimizer step per rollout batch (every micro-batch accumulates into it, so no update happens
-    between OpenRLHF's separate no-grad log-prob pass and the training forwards, sync or async), and
-    nothing else reading that pass (no reference model/KL, no rollout-vs-train correction)."""
-    samples = args.rollout.batch_size * args.rollout.n_samples_per_prompt
-    return (
-        args.train.max_epochs == 1
-        and samples == args.train.batch_size
-        and not args.train.dynamic_batch_enable
-        and args.algo.kl.init_coef == 0
-        and args.algo.advantage.is_correction_level == "off"
-        and not args.critic.model_name_or_path
-    )
-
-
-class _OldIsCurrent:
-    """The policy loss with the training forward's own log-probs, detached, in place of a skipped
-    no-grad pass (NaN placeholders): ratio exactly 1, so the clipped objective's value and gradient
-    are those of the old log-probs the pass would have returned (equal, up to float rounding)."""
-
-    def __init__(self, loss):
-        self.loss = loss
-
-    def __call__(self, log_probs, old_log_probs, *args, **kwargs):
-        if old_log_probs is not None and bool(old_log_probs.isnan().any()):  # padding re-collated as 0
-            old_log_probs = log_probs.detach()
-        return self.loss(log_probs, old_log_probs, *args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self.loss, name)
-
-
-class _ReuseOldLogProbs:
-    """Skips experience making's no-grad log-prob pass of the policy when
-    :func:`old_log_probs_are_current` (about a fifth of a CPU step): ``forward`` returns NaN
-    placeholders and the loss takes the training forward's log-probs (:class:`_OldIsCurrent`). A
-    pass that must also return entropies (RL-ZVP) still runs and its log-probs are used."""
+class _SkipOldLogProbPass:
+    """Skips experience making's no-grad log-prob pass of the policy where
+    ``trainer.old_log_probs.skips_old_log_prob_pass`` (about a fifth of a CPU step): ``forward``
+    returns NaN placeholders and the loss takes the training forward's log-probs (``OldIsCurrent``);
+    a token-level remedy (RL-ZVP) takes its entropies from the training forward too
+    (``TokenAdvantagesInTraining``), so it adds no forward either."""
 
     reuse_old = False
 
     def init_model_from_pretrained(self, strategy, *args, **kwargs):
+        from avspo_openrlhf.trainer.config import build_controller
+        from avspo_openrlhf.trainer.old_log_probs import (
+            OldIsCurrent,
+            TokenAdvantagesInTraining,
+            skips_old_log_prob_pass,
+        )
+
         out = super().init_model_from_pretrained(strategy, *args, **kwargs)
-        self.reuse_old = old_log_probs_are_current(strategy.args)
+        self.reuse_old = skips_old_log_prob_pass(strategy.args)
         if self.reuse_old:
-            self.trainer.actor_loss_fn = _OldIsCurrent(self.trainer.actor_loss_fn)
+            self.trainer.actor_loss_fn = OldIsCurrent(self.trainer.actor_loss_fn)
+            controller = build_controller(strategy.args)
+            if controller.needs_entropy:
+                self.trainer.training_step = TokenAdvantagesInTraining(self.trainer, controller.token_advantages)
         return out
 
     def forward(self, sequences, action_mask=None, attention_mask=None, *args, **kwargs):
-        if self.reuse_old and kwargs.get("entropy_rows") is None:
+        if self.reuse_old:
+            if kwargs.get("entropy_rows") is not None:
+                raise RuntimeError("entropies asked of a skipped old-log-prob pass; the experience maker defers them")
             import torch
 
             return torch.full(action_mask.shape, float("nan"))
@@ -286,7 +266,7 @@ class _ReuseOldLogProbs:
         return super().fit(*args, **kwargs)
 
 
-class CPUPolicyModelActor(_Pinnable, _LoopbackRendezvous, _ReuseOldLogProbs, _response_logits(), _entropy_mixin(),
+class CPUPolicyModelActor(_Pinnable, _LoopbackRendezvous, _SkipOldLogProbPass, _response_logits(), _entropy_mixin(),
                           _policy_base()):  # fmt: skip
     """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
 

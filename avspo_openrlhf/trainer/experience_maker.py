@@ -22,6 +22,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 from avspo_openrlhf.algo import collapse_stats, zero_variance_sign
 
 from .config import build_controller
+from .old_log_probs import TOKEN_SIGN, skips_old_log_prob_pass
 from .samples import BatchMeta
 
 TOKEN_ENTROPY = "token_entropy"
@@ -58,6 +59,8 @@ class RemedyExperienceMaker(RemoteExperienceMaker):
         self.controller = controller if controller is not None else build_controller(self.args)
         self.last_metrics: dict[str, float] = {}
         self._entropy_rows = self._entropy_refs = self._entropies = None  # set inside make_experience
+        # no old-log-prob pass to ride on: the token entropies come from the training forward
+        self.entropy_in_training = self.controller.needs_entropy and skips_old_log_prob_pass(self.args)
 
     @torch.no_grad()
     def make_experience_batch(self, rollout_samples):
@@ -119,8 +122,10 @@ class RemedyExperienceMaker(RemoteExperienceMaker):
         shaped rewards have zero variance): one pass, under the weights that generated them (the
         paper's pi_theta at the start of the update). Each experience keeps them as
         :data:`TOKEN_ENTROPY` (``[B, A]``, NaN on rows not computed) until
-        :meth:`compute_advantages_and_returns` uses them."""
-        self._entropy_rows = self._rows_needing_entropy(samples_list) if self.controller.needs_entropy else None
+        :meth:`compute_advantages_and_returns` uses them. Where that pass is skipped
+        (``entropy_in_training``, ``old_log_probs.py``) the training forward computes them instead."""
+        wants = self.controller.needs_entropy and not self.entropy_in_training
+        self._entropy_rows = self._rows_needing_entropy(samples_list) if wants else None
         self._entropy_refs, self._entropies = None, None
         try:
             experiences = super().make_experience(samples_list)
@@ -178,6 +183,10 @@ class RemedyExperienceMaker(RemoteExperienceMaker):
         n = shaped.shape[1]
         sign = zero_variance_sign(shaped, c.tol, c.reward_range)
         signs = from_groups(sign[:, None].expand(-1, n), order, sizes)
+        if self.entropy_in_training:  # old_log_probs.TokenAdvantagesInTraining adds them
+            for e, s in zip(experiences, signs):
+                e.info[TOKEN_SIGN] = s.to(device=e.action_mask.device, dtype=torch.float32)
+            return {f"{c.estimator}/zero_variance_samples": float((sign != 0).sum()) * n}
         count, tokens, total, entropy_sum = 0, 0, 0.0, 0.0
         for e, s in zip(experiences, signs):
             h_all = getattr(e, TOKEN_ENTROPY, None)

@@ -36,7 +36,14 @@ def keeps_response_logits(actor: Actor) -> bool:
 
 
 class ResponseLogitsActor(Actor):
-    """OpenRLHF's ``Actor`` whose ``forward`` computes logits for the response positions only."""
+    """OpenRLHF's ``Actor`` whose ``forward`` computes logits for the response positions only.
+
+    With ``entropy_rows`` set (``[B]`` bool) it also keeps those rows' response-token entropies,
+    detached, in ``kept_entropy`` (``[R, A]``): RL-ZVP's, from the training forward
+    (``old_log_probs.py``)."""
+
+    entropy_rows: torch.Tensor | None = None
+    kept_entropy: torch.Tensor | None = None
 
     def forward(self, sequences, action_mask=None, attention_mask=None, return_output=False,
                 allgather_logits=False, return_logprobs=False, ring_attn_group=None, packed_seq_lens=None,
@@ -55,6 +62,10 @@ class ResponseLogitsActor(Actor):
         if return_entropy:
             assert return_output
             output.entropy = compute_entropy(logits)  # [B, A]: what [:, -A:] of OpenRLHF's is
+        if self.entropy_rows is not None:
+            with torch.no_grad():
+                idx = self.entropy_rows.to(logits.device).nonzero().flatten()
+                self.kept_entropy = compute_entropy(logits[idx].detach()).float()
         log_probs = log_probs_from_logits(logits, sequences[:, -a:]) * action_mask.float()
         return (log_probs, output) if return_output else log_probs
 

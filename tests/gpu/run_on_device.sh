@@ -49,8 +49,12 @@ fi
 # DeepSpeed's JIT build parses TORCH_CUDA_ARCH_LIST as numbers: the '9.0a' some images set breaks it
 # (tests/gpu/conftest.py does the same for a plain pytest run); DeepSpeed on CUDA (the CPU suite's
 # conftest would default it to the CPU accelerator)
-arch=$(printf '%s' "${TORCH_CUDA_ARCH_LIST:-9.0}" | sed -E 's/([0-9])[af]\b/\1/g')
-export TORCH_CUDA_ARCH_LIST=$arch DS_ACCELERATOR=cuda WANDB_MODE=offline PYTHONUNBUFFERED=1
+# (unset, DeepSpeed builds for the GPU it finds)
+if [ -n "${TORCH_CUDA_ARCH_LIST:-}" ]; then
+    TORCH_CUDA_ARCH_LIST=$(printf '%s' "$TORCH_CUDA_ARCH_LIST" | sed -E 's/([0-9])[af]\b/\1/g')
+    export TORCH_CUDA_ARCH_LIST
+fi
+export DS_ACCELERATOR=cuda WANDB_MODE=offline PYTHONUNBUFFERED=1
 
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
