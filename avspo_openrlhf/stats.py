@@ -1,6 +1,7 @@
 """The statistics of the studies and the quickstart, one implementation each: paired bootstrap
 intervals (over problems, or over seeds and problems), the exact sign-flip test, Student-t
-intervals and Pearson's r with its interval.
+intervals (and their half-width alone: one run's evaluation interval) and Pearson's r with its
+interval.
 
 Pure Python and numpy (scipy is not a dependency): the Student-t distribution is computed here,
 its CDF from the regularized incomplete beta function (continued fraction, Numerical Recipes 3rd
@@ -78,13 +79,22 @@ def t_quantile(p: float, df: float) -> float:
     return (lo + hi) / 2
 
 
+def t_halfwidth(xs: Sequence[float], level: float = 0.95) -> float:
+    """Half-width of the two-sided ``level`` t interval of the mean of ``xs``: t quantile
+    ``(1 + level) / 2`` with n - 1 degrees of freedom x sd (n - 1) / sqrt(n). One run's evaluation
+    interval is this over its per-problem accuracies (with hundreds of problems, t is the normal's
+    1.96 to within 0.01). Needs two values or more."""
+    if len(xs) < 2:
+        raise ValueError(f"t_halfwidth: needs 2 values or more, got {len(xs)}")
+    return t_quantile(0.5 + level / 2, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
 def t_interval(xs: Sequence[float], level: float = 0.95) -> tuple[float, float, float, float]:
     """Mean, standard deviation (n - 1) and the two-sided ``level`` t interval of the mean:
     ``(mean, sd, lo, hi)``. Needs two values or more."""
     if len(xs) < 2:
         raise ValueError(f"t_interval: needs 2 values or more, got {len(xs)}")
-    mean, sd = statistics.mean(xs), statistics.stdev(xs)
-    half = t_quantile(0.5 + level / 2, len(xs) - 1) * sd / math.sqrt(len(xs))
+    mean, sd, half = statistics.mean(xs), statistics.stdev(xs), t_halfwidth(xs, level)
     return mean, sd, mean - half, mean + half
 
 

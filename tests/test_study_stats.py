@@ -46,6 +46,27 @@ def test_t_interval_closed_form():
         stats.t_interval([1.0])
 
 
+def test_t_halfwidth_closed_form():
+    # one run's evaluation interval: per-problem accuracies 0, 1/2, 1 (sd 1/2, df 2) and 1, 0 (sd sqrt(1/2), df 1)
+    p = 0.975
+    assert stats.t_halfwidth([0.0, 0.5, 1.0]) == pytest.approx(
+        (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p))) * 0.5 / math.sqrt(3), rel=1e-10
+    )
+    assert stats.t_halfwidth([1.0, 0.0]) == pytest.approx(
+        math.tan(math.pi * (p - 0.5)) * math.sqrt(0.5) / math.sqrt(2), rel=1e-10
+    )
+    # the interval t_interval reports is mean +- this half-width
+    mean, _, lo, hi = stats.t_interval([0.25, 0.5, 1.0, 1.0], level=0.9)
+    half = stats.t_halfwidth([0.25, 0.5, 1.0, 1.0], level=0.9)
+    assert (lo, hi) == pytest.approx((mean - half, mean + half))
+    # hundreds of problems: about the normal interval's 1.96 sd / sqrt(P)
+    xs = [1.0, 0.0] * 600
+    normal = 1.96 * statistics.stdev(xs) / math.sqrt(1200)
+    assert normal < stats.t_halfwidth(xs) < 1.002 * normal
+    with pytest.raises(ValueError, match="needs 2 values"):
+        stats.t_halfwidth([1.0])
+
+
 def test_sign_flip_p_is_exact():
     assert stats.sign_flip_p([0.1, 0.2, 0.3]) == 2 / 8  # all positive: only all-+ and all-- reach |0.6|
     assert stats.sign_flip_p([1, 1, 1, 1, 1]) == 2 / 32  # the smallest p five seeds allow

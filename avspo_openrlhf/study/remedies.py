@@ -29,14 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avspo_openrlhf.cli import quickstart as qs
+from avspo_openrlhf.stats import t_halfwidth
 from avspo_openrlhf.study import acr, cells, tables
 from avspo_openrlhf.study.compare import compare, pooled_compare
 from avspo_openrlhf.study.tables import cpu_line, fmt_compare, mean_sd, precisions
-
-
-def eval_halfwidth(per_problem: dict[str, float]) -> float:
-    """Half-width of one run's 95 % interval on its held-out pass@1: 1.96 sd over problems / sqrt(P)."""
-    return 1.96 * statistics.stdev(per_problem.values()) / math.sqrt(len(per_problem))
 
 
 def pack_per_problem(per: dict[str, float], n: int) -> dict | dict[str, float]:
@@ -282,8 +278,8 @@ class RemediesStudy:
         for m in methods:
             cmp = [pooled_compare(acc, m, b) for b in self.baselines]
             if any(cmp):
-                cells_ = [f"{100 * c['diff']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}], "
-                          f"sd {100 * c['sd']:.1f}, p={c['p_sign_flip']:.3f} ({c['pairs']})" if c else "-" for c in cmp]  # fmt: skip
+                cells_ = [f"{tables.fmt_interval((c['diff'], *c['ci95']))}, sd {100 * c['sd']:.1f}, "
+                          f"p={c['p_sign_flip']:.3f} ({c['pairs']})" if c else "-" for c in cmp]  # fmt: skip
                 rows.append(f"| {m} | " + " | ".join(cells_) + " |")
         if not rows:
             return []
@@ -316,7 +312,8 @@ class RemediesStudy:
     # ── the report ──
 
     def heldout_line(self, results: list[dict], before: float) -> str:
-        """What the held-out numbers stand on: problems per run, one run's evaluation interval."""
+        """What the held-out numbers stand on: problems per run, the half-width of one run's evaluation
+        interval (``stats.t_halfwidth`` over its per-problem accuracies)."""
         full = self.heldout + self.heldout_extra
         n_full = sum(r.get("heldout_problems", self.heldout) >= full for r in results)
         if n_full == len(results):
@@ -326,8 +323,10 @@ class RemediesStudy:
         else:
             held = (f"{full:,} problems x n=4 (T=0.7) for {n_full} of {len(results)} runs, the first "
                     f"{self.heldout} for the others (a difference is over the problems both runs hold)")  # fmt: skip
-        hw = [100 * eval_halfwidth(r["per_problem"]) for r in results if len(r.get("per_problem", {})) > 1]
-        interval = f"; one run's 95 % evaluation interval ±{min(hw):.1f} to ±{max(hw):.1f} points" if hw else ""
+        # a half-width, not a ±: in the tables ± is the standard deviation over seeds (tables.SD_NOTE)
+        hw = [100 * t_halfwidth(list(r["per_problem"].values())) for r in results if len(r.get("per_problem", {})) > 1]
+        interval = (f"; one run's 95 % evaluation interval (t, over problems) has a half-width of {min(hw):.1f}–"
+                    f"{max(hw):.1f} points" if hw else "")  # fmt: skip
         return f"Held-out: {held}; before training {100 * before:.1f} %{interval}."
 
     def seed_and_level_tables(self, results: list[dict], methods: list[str]) -> list[str]:

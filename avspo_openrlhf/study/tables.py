@@ -23,12 +23,17 @@ def mean(xs, scale: float = 1.0, fmt: str = "{:.1f}") -> str:
     return fmt.format(statistics.mean(xs) * scale) if xs else "-"
 
 
+def fmt_interval(g) -> str:
+    """A difference with its interval, ``(mean, lo, hi)`` as fractions, in points: ``+x.x [+lo, +hi]``."""
+    return f"{100 * g[0]:+.1f} [{100 * g[1]:+.1f}, {100 * g[2]:+.1f}]"
+
+
 def fmt_compare(c: dict | None) -> str:
     """A paired comparison (``compare.compare``) in points: mean [95 % interval], p = bootstrap /
     exact sign-flip (seeds)."""
     if c is None:
         return "-"
-    return (f"{100 * c['diff']:+.1f} [{100 * c['ci95'][0]:+.1f}, {100 * c['ci95'][1]:+.1f}], "
+    return (f"{fmt_interval((c['diff'], *c['ci95']))}, "
             f"p={c['p_bootstrap']:.3f} / {c['p_sign_flip']:.3f} ({c['seeds']})")  # fmt: skip
 
 

@@ -30,9 +30,9 @@ STUDY = RemediesStudy(
     # groups appear as the model learns the answer format (add1, mul1).
     levels=("add1", "mul1", "add2", "multi"),
     train_prompts=32,  # 8 per level: a pool revisited every 8 GRPO steps, so GRESO has history to use
-    # Held-out, x n=4 samples. The first 300 alone gave one run's accuracy a 95 % interval of +-4.2 to
-    # +-5.4 points (measured on 18 runs: 1.96 sd over problems / sqrt(300)); 1,200 bring it to about
-    # +-2.6. The extra 900 continue the same seeded stream, so the first 300 are the original set unchanged.
+    # Held-out, x n=4 samples. The first 300 alone gave one run's accuracy a 95 % interval of half-width
+    # 4.2 to 5.4 points (measured on 18 runs: stats.t_halfwidth over problems); 1,200 bring it to about
+    # 2.6. The extra 900 continue the same seeded stream, so the first 300 are the original set unchanged.
     heldout=300,
     heldout_extra=900,
     settings=dict(
