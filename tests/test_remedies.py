@@ -23,7 +23,7 @@ from avspo_openrlhf.algo import (
     rl_zvp_token_advantages,
     zero_variance_sign,
 )
-from avspo_openrlhf.cli.train import main
+from avspo_openrlhf.cli.train import main, run
 from avspo_openrlhf.trainer.samples import StateWithExtras
 
 G = 8
@@ -249,6 +249,11 @@ def test_the_dataloader_state_carries_the_greso_state():
     StateWithExtras(fresh, {"greso": fresh_g}).load_state_dict(state)
     assert fresh.pos == 7 and fresh_g.state_dict() == g.state_dict()
     assert len(wrapped) == 3 and list(wrapped) == [0, 1, 2] and wrapped.pos == 7
+    # a dataloader state written before the rename (key "_avspo_extras") restores the same
+    legacy = {("_avspo_extras" if k == StateWithExtras.KEY else k): v for k, v in state.items()}
+    old_g, old_loader = GRESOSelector(seed=5), Loader()
+    StateWithExtras(old_loader, {"greso": old_g}).load_state_dict(legacy)
+    assert old_loader.pos == 7 and old_g.state_dict() == g.state_dict()
 
 
 # ── flags ──
@@ -265,6 +270,8 @@ def test_the_dataloader_state_carries_the_greso_state():
             "--ngrpo.enable needs --algo.advantage.estimator group_norm",
         ),
         (["--rl_zvp.enable", "--rl_zvp.alpha", "0"], "--rl_zvp.alpha must be > 0"),
+        (["--ngrpo.enable", "--ngrpo.num_max", "0"], "--ngrpo.num_max must be >= 1, got 0"),
+        (["--sign.enable", "--sign.eps", "-1"], "--sign.eps must be >= 0"),
         (["--greso.enable", "--greso.p_easy", "0.99"], "p_easy 0.99 must lie within p_bounds"),
         (["--greso.enable", "--greso.audit", "2"], "audit must be in [0, 1]"),
         (["--run.max_generated_tokens", "0"], "--run.max_generated_tokens must be >= 1"),
@@ -276,6 +283,17 @@ def test_remedy_flags_fail_in_one_line_before_ray(tmp_path, capsys, extra, messa
         i = flags.index("--algo.advantage.estimator")
         flags = flags[:i] + flags[i + 2 :]
     assert message in _fails(capsys, [*flags, *extra])
+
+
+def test_a_remedy_that_does_not_run_is_not_checked(tmp_path):
+    """Only the chosen remedy's values are validated: another remedy's flags left at odd values (a
+    shared config file) do not stop an NGRPO run, and its controller reads NGRPO's config alone."""
+    from avspo_openrlhf.trainer.config import build_controller
+
+    flags = _flags(tmp_path, _rows(tmp_path, GOOD))
+    args = run([*flags, "--ngrpo.enable", "--avspo.alpha", "-1", "--rl_zvp.alpha", "0"], dry_run=True)
+    controller = build_controller(args)
+    assert controller.estimator == "ngrpo" and type(controller.config).__name__ == "NGRPOConfig"
 
 
 def test_every_old_flag_spelling_fails_in_one_line_naming_the_new_one(tmp_path, capsys):

@@ -20,6 +20,7 @@ A remedy is one registered estimator (:data:`ESTIMATORS`) plus its config class.
 # importing the remedy modules registers their estimators
 from . import avspo as _avspo  # noqa: F401
 from . import ngrpo as _ngrpo  # noqa: F401
+from . import rl_zvp as _rl_zvp  # noqa: F401
 from . import sign as _sign  # noqa: F401
 from .advantages import (
     ESTIMATORS,

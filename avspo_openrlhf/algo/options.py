@@ -24,6 +24,16 @@ def flag(default, help: str, **argparse_kwargs):
     return field(default=default, metadata=dict(help=help, **argparse_kwargs))
 
 
+def std_convention_flag(default: str, help: str):
+    """A remedy's ``std_convention`` field: population (divide by n) or unbiased (n - 1)."""
+    return flag(default, help, choices=sorted(STD_CONVENTIONS))
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
 @dataclass(frozen=True)
 class ACRConfig:
     """ACR monitoring (``--acr.*``)."""
@@ -90,16 +100,24 @@ class AVSPOConfig:
     )
     r_anchor: float = flag(0.1, "Top virtual reward for all-wrong groups (stratified, exp_decay).")
     gamma: float = flag(0.5, "Decay of the exp_decay strategy.")
-    std_convention: str = flag(
+    std_convention: str = std_convention_flag(
         "population",
         "Std convention of the (augmented) group: population (divide by n, the paper's) or unbiased (n - 1, OpenRLHF group_norm's).",
-        choices=sorted(STD_CONVENTIONS),
     )
     eps: float = flag(
         1e-06,
         "Added to the group std. '--avspo.std_convention unbiased --avspo.eps 1e-9' equals OpenRLHF's group_norm when the gate is closed.",
     )
     seed: int | None = flag(None, "Seed of the random_uniform strategy (default: --train.seed).")
+
+    def check(self) -> None:
+        """Values no run can mean (``ValueError`` naming the field); the estimator's own checks."""
+        _require(self.alpha > 0, f"alpha must be > 0, got {self.alpha}")
+        _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
+        k = self.num_virtual
+        _require(k is None or k >= 1, f"num_virtual must be >= 1, got {k}")
+        _require(k is None or self.strategy != "opposite",
+                 "num_virtual cannot be combined with strategy opposite (which uses K = 1)")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -111,16 +129,19 @@ class NGRPOConfig:
         "NGRPO (arXiv 2509.18851): --ngrpo.num_max virtual rewards at the reward maximum in every group's mean and std (all-wrong groups get a negative advantage, all-right stay 0). Pair with --actor.eps_clip_low_high 0.16 0.24 for the paper's asymmetric clip. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
     )
     num_max: int = flag(1, "Virtual maximum-reward samples per group (the paper's m = 1).", metavar="M")
-    std_convention: str = flag(
+    std_convention: str = std_convention_flag(
         "unbiased",
         "Std convention of the G + M values: unbiased (the paper's and its code's) or population.",
-        choices=sorted(STD_CONVENTIONS),
     )
     eps: float = flag(1e-06, "Added to the augmented std (the paper's code: 1e-6).")
     gated: bool = flag(
         False,
         "Add the virtual samples only while the ACR gate is open (ACR_gate > tau_adapt, with the --acr.* smoothing and threshold); default: every step, as the paper.",
     )
+
+    def check(self) -> None:
+        _require(self.num_max >= 1, f"num_max must be >= 1, got {self.num_max}")
+        _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
 
 
 @dataclass(frozen=True)
@@ -132,12 +153,15 @@ class RLZVPConfig:
         "RL-ZVP (arXiv 2509.21880): on zero-variance groups, token advantages +alpha*H_t (all-right) and -alpha*(max H - H_t) (all-wrong), H_t the policy's token entropy before the update; GRPO elsewhere. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
     )
     alpha: float = flag(0.1, "Scale of the entropy-shaped token advantages (the paper's 0.1).")
-    std_convention: str = flag(
+    std_convention: str = std_convention_flag(
         "unbiased",
         "Std convention of GRPO on the mixed groups: unbiased (OpenRLHF group_norm's, the paper's code) or population.",
-        choices=sorted(STD_CONVENTIONS),
     )
     eps: float = flag(1e-09, "Added to the mixed groups' std (OpenRLHF group_norm's 1e-9).")
+
+    def check(self) -> None:
+        _require(self.alpha > 0, f"alpha must be > 0, got {self.alpha}")
+        _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
 
 
 @dataclass(frozen=True)
@@ -153,12 +177,14 @@ class SignConfig:
         "Groups that get A = 2r - 1: collapsed (the rest keep GRPO) or all.",
         choices=["collapsed", "all"],
     )
-    std_convention: str = flag(
+    std_convention: str = std_convention_flag(
         "population",
         "Std convention of GRPO on the mixed groups (with --sign.scope collapsed): population or unbiased.",
-        choices=sorted(STD_CONVENTIONS),
     )
     eps: float = flag(1e-06, "Added to the mixed groups' std.")
+
+    def check(self) -> None:
+        _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def framework_metrics(metrics: dict[str, float]) -> dict[str, float]:
     for key, value in metrics.items():
         if key == "frac_reward_zero_std":
             continue
-        if key == "acr" or key.startswith(("alarm/", "monitor/", "rl_zvp/")):
+        if key == "acr" or key.startswith(("alarm/", "monitor/")) or key.split("/")[0] in ESTIMATORS:
             out[key] = float(value)
         elif key.startswith("acr_"):
             out["acr/" + key[4:]] = float(value)

@@ -42,7 +42,7 @@ TESTED_TRL = "1.16.0"
 # TRL's GRPO: (r - mean) / (nanstd + 1e-4), nanstd Bessel-corrected (trl/trainer/grpo_trainer.py)
 TRL_STD_CONVENTION, TRL_EPS = "unbiased", 1e-4
 STATE_FILE = "controller_state.json"
-SIGN_KEY = "rl_zvp_sign"  # [B] int8 per completion, travels with TRL's buffered batch
+SIGN_KEY = "zero_variance_sign"  # [B] int8 per completion (token-level remedies), travels with TRL's buffered batch
 
 
 def _as_dict(value: Any, name: str) -> dict[str, Any]:
@@ -145,7 +145,7 @@ class GRPOTrainer(trl.GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.controller, self.remedy = _controller_for(self.args)
         self._gathered_rewards: torch.Tensor | None = None
-        self._rl_zvp_inputs: dict | None = None
+        self._token_inputs: dict | None = None
         self._check_setup()
 
     def _check_setup(self) -> None:
@@ -165,8 +165,10 @@ class GRPOTrainer(trl.GRPOTrainer):
                 f"remedy {remedy!r} normalises per group as TRL's scale_rewards={allowed[0]!r} does; "
                 f"got scale_rewards={self.scale_rewards!r}"
             )
-        if remedy == "rl_zvp" and getattr(a, "use_liger_kernel", False):
-            raise ValueError("remedy 'rl_zvp' needs TRL's own loss (its token entropies); use_liger_kernel bypasses it")
+        if self.controller.needs_entropy and getattr(a, "use_liger_kernel", False):
+            raise ValueError(
+                f"remedy {remedy!r} needs TRL's own loss (its token entropies); use_liger_kernel bypasses it"
+            )
 
     # ---- rewards and advantages -------------------------------------------------------------------
 
@@ -240,37 +242,37 @@ class GRPOTrainer(trl.GRPOTrainer):
         tail = torch.tensor([logged.pop() for _ in range(n)][::-1], dtype=ours.dtype)
         logged.extend(torch.where(use, ours, tail).tolist())
 
-    # ---- RL-ZVP: token advantages from the loss's own entropies ------------------------------------
+    # ---- token-level remedies (RL-ZVP): token advantages from the loss's own entropies -------------
 
     def _compute_loss(self, model, inputs):
         if SIGN_KEY not in inputs:
             return super()._compute_loss(model, inputs)
         # a copy: the buffered batch keeps its sequence-level advantages for the next iteration
-        self._rl_zvp_inputs = dict(inputs)
+        self._token_inputs = dict(inputs)
         try:
-            return super()._compute_loss(model, self._rl_zvp_inputs)
+            return super()._compute_loss(model, self._token_inputs)
         finally:
-            self._rl_zvp_inputs = None
+            self._token_inputs = None
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
-        inputs = self._rl_zvp_inputs
+        inputs = self._token_inputs
         if inputs is not None and entropies is not None:
-            self._rl_zvp_inputs = None  # once per loss
+            self._token_inputs = None  # once per loss
             mask = inputs["completion_mask"]
             if "tool_mask" in inputs:
                 mask = mask * inputs["tool_mask"]
             extra = self.controller.token_advantages(entropies.detach(), mask, inputs[SIGN_KEY])
             inputs["advantages"] = inputs["advantages"].unsqueeze(1) + extra.to(inputs["advantages"].dtype)
-            self._log_rl_zvp(extra, mask, inputs[SIGN_KEY])
+            self._log_token_advantages(extra, mask, inputs[SIGN_KEY])
         return logps, entropies, aux
 
-    def _log_rl_zvp(self, extra: torch.Tensor, mask: torch.Tensor, sign: torch.Tensor) -> None:
+    def _log_token_advantages(self, extra: torch.Tensor, mask: torch.Tensor, sign: torch.Tensor) -> None:
         mode = "train" if self.model.training else "eval"
         local = torch.stack([extra.abs().sum(), (mask * (sign != 0).unsqueeze(1)).sum(), (sign != 0).sum()]).float()
         abs_sum, tokens, samples = self.accelerator.gather(local.unsqueeze(0)).sum(dim=0).tolist()
-        self._metrics[mode]["rl_zvp/token_adv_abs_mean"].append(abs_sum / tokens if tokens else 0.0)
-        self._metrics[mode]["rl_zvp/zero_variance_samples"].append(samples)
+        self._metrics[mode][f"{self.remedy}/token_adv_abs_mean"].append(abs_sum / tokens if tokens else 0.0)
+        self._metrics[mode][f"{self.remedy}/zero_variance_samples"].append(samples)
 
     # ---- alarms and state -------------------------------------------------------------------------
 

@@ -5,7 +5,10 @@ describe (:func:`build_controller`).
 
 Every flag is dotted like OpenRLHF's own (``--avspo.alpha``), so OpenRLHF's ``hierarchize`` turns
 them into ``args.avspo.alpha`` and they travel to every Ray actor inside ``strategy.args``.
-argparse and dataclasses only: importing this module pulls in neither OpenRLHF nor Ray.
+The remedies' groups come from the estimator registry (``algo/``): a remedy registered there with an
+``enable`` switch in its config gets its flags, ``--help`` section and validation here unchanged.
+argparse, dataclasses and the pure algorithm only: importing this module pulls in neither OpenRLHF
+nor Ray.
 """
 
 from __future__ import annotations
@@ -15,14 +18,11 @@ import dataclasses
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
 
+from avspo_openrlhf.algo.advantages import ESTIMATORS
 from avspo_openrlhf.algo.options import (  # the algorithm's groups live with the algorithm
     ACRConfig,
-    AVSPOConfig,
     GRESOConfig,
     MonitorConfig,
-    NGRPOConfig,
-    RLZVPConfig,
-    SignConfig,
     flag,
 )
 
@@ -109,40 +109,57 @@ class BufferConfig:
     )
 
 
+def _remedies() -> dict[str, type]:
+    """The advantage remedies: every registered estimator whose config has an ``enable`` switch, its
+    flag namespace its name (``--avspo.*``), in registration order. Adding a remedy to the registry
+    (``algo/``) adds its flags, its ``--help`` section, its validation (the config's ``check``) and
+    its place in :func:`chosen_remedy` here."""
+    import avspo_openrlhf.algo  # noqa: F401  (importing the remedy modules registers them)
+
+    return {
+        name: e.config
+        for name, e in ESTIMATORS.items()
+        if e.config is not None and "enable" in {f.name for f in fields(e.config)}
+    }
+
+
+REMEDY_CONFIGS = _remedies()
+REMEDIES = tuple(REMEDY_CONFIGS)
+
+
+def _title(cls: type) -> str:
+    """A config's ``--help`` section title: its docstring's first line up to the flag pattern."""
+    return cls.__doc__.strip().splitlines()[0].split(" (``")[0] + " (avspo-openrlhf)"
+
+
 # flag namespace -> (--help section title, config class), in the order --help shows them; the
 # flag table of docs/flags.md lists the same flags (a test checks it)
 GROUPS: dict[str, tuple[str, type]] = {
-    "acr": ("ACR monitoring (avspo-openrlhf)", ACRConfig),
-    "avspo": ("AVSPO advantages (avspo-openrlhf)", AVSPOConfig),
-    "ngrpo": ("NGRPO advantages (avspo-openrlhf)", NGRPOConfig),
-    "rl_zvp": ("RL-ZVP advantages (avspo-openrlhf)", RLZVPConfig),
-    "sign": ("Sign advantage (avspo-openrlhf)", SignConfig),
-    "greso": ("GRESO pre-rollout skipping (avspo-openrlhf)", GRESOConfig),
-    "monitor": ("Health monitors (avspo-openrlhf)", MonitorConfig),
-    "run": ("Run control (avspo-openrlhf)", RunConfig),
-    "dynamic": ("Dynamic sampling (avspo-openrlhf)", DynamicConfig),
-    "buffer": ("Async rollout buffer (avspo-openrlhf)", BufferConfig),
-    "report": ("Reports (avspo-openrlhf)", ReportConfig),
-    "cpu": ("CPU backend (avspo-openrlhf)", CPUConfig),
+    "acr": (_title(ACRConfig), ACRConfig),
+    **{ns: (_title(cls), cls) for ns, cls in REMEDY_CONFIGS.items()},
+    **{
+        ns: (_title(cls), cls)
+        for ns, cls in (
+            ("greso", GRESOConfig),
+            ("monitor", MonitorConfig),
+            ("run", RunConfig),
+            ("dynamic", DynamicConfig),
+            ("buffer", BufferConfig),
+            ("report", ReportConfig),
+            ("cpu", CPUConfig),
+        )
+    },
 }
 
-
-@dataclass(frozen=True)
-class Settings:
-    """All our flag groups, typed (``settings(args).avspo.alpha``)."""
-
-    acr: ACRConfig = field(default_factory=ACRConfig)
-    avspo: AVSPOConfig = field(default_factory=AVSPOConfig)
-    ngrpo: NGRPOConfig = field(default_factory=NGRPOConfig)
-    rl_zvp: RLZVPConfig = field(default_factory=RLZVPConfig)
-    sign: SignConfig = field(default_factory=SignConfig)
-    greso: GRESOConfig = field(default_factory=GRESOConfig)
-    monitor: MonitorConfig = field(default_factory=MonitorConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    dynamic: DynamicConfig = field(default_factory=DynamicConfig)
-    buffer: BufferConfig = field(default_factory=BufferConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
-    cpu: CPUConfig = field(default_factory=CPUConfig)
+Settings = dataclasses.make_dataclass(
+    "Settings",
+    [(ns, cls, field(default_factory=cls)) for ns, (_, cls) in GROUPS.items()],
+    frozen=True,
+)
+Settings.__module__ = __name__  # pickles by reference, as a class written out would
+Settings.__doc__ = (
+    """All our flag groups, typed (``settings(args).avspo.alpha``): one field per :data:`GROUPS` entry."""
+)
 
 
 def _argparse_kwargs(f: dataclasses.Field) -> dict:
@@ -167,9 +184,8 @@ FLAGS: dict[str, list[tuple[str, dict]]] = {
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add our flag groups (``--acr.*``, ``--avspo.*``, ``--ngrpo.*``, ``--rl_zvp.*``, ``--sign.*``, ``--greso.*``,
-    ``--monitor.*``, ``--run.*``, ``--dynamic.*``, ``--buffer.*``, ``--report.*``, ``--cpu.*``) to an
-    argparse parser."""
+    """Add our flag groups (:data:`GROUPS`: ``--acr.*``, one per remedy, ``--greso.*``, ``--monitor.*``,
+    ``--run.*``, ``--dynamic.*``, ``--buffer.*``, ``--report.*``, ``--cpu.*``) to an argparse parser."""
     for ns, flags in FLAGS.items():
         group = parser.add_argument_group(GROUPS[ns][0])
         for name, kwargs in flags:
@@ -212,9 +228,6 @@ def resolve_reward_alias(args) -> None:
     args.reward.remote_url = ",".join(out)
 
 
-# the advantage remedies: flag namespace = registered estimator name (algo/advantages.py)
-REMEDIES = ("avspo", "ngrpo", "rl_zvp", "sign")
-
 # flags renamed since 0.1.0: the old spelling fails in one line naming the new one
 RENAMED_FLAGS = {
     "--rlzvp.enable": "--rl_zvp.enable",
@@ -226,15 +239,6 @@ RENAMED_FLAGS = {
     "--avspo.tau_bounds": "--acr.tau_bounds",
     "--avspo.reward_ema_decay": "--acr.reward_ema_decay",
 }
-
-
-def renamed_flag(argv: list[str]) -> str | None:
-    """The one-line error for the first renamed flag in ``argv`` (``--flag`` or ``--flag=value``)."""
-    for word in argv:
-        name = word.split("=", 1)[0]
-        if name in RENAMED_FLAGS:
-            return f"{name} was renamed {RENAMED_FLAGS[name]}"
-    return None
 
 
 # OpenRLHF estimators whose baseline is the prompt's group of n samples
@@ -297,35 +301,26 @@ def validate(args) -> None:
         raise ValueError(f"--acr.tau_bounds must satisfy 0 <= low <= high <= 1 (ACR is a rate), got {tlo} {thi}")
     if not tlo <= args.acr.tau_init <= thi:
         raise ValueError(f"--acr.tau_init {args.acr.tau_init} must lie within --acr.tau_bounds {tlo} {thi}")
-    if args.avspo.alpha <= 0 or args.avspo.eps < 0 or args.acr.eta < 0:
-        raise ValueError("--avspo.alpha must be > 0, --avspo.eps and --acr.eta >= 0")
-    if args.avspo.enable:
+    if args.acr.eta < 0:
+        raise ValueError(f"--acr.eta must be >= 0, got {args.acr.eta}")
+    cfg = settings(args)
+    chosen = [ns for ns in REMEDIES if getattr(cfg, ns).enable]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(f'--{ns}.enable' for ns in chosen)}: choose one advantage remedy")
+    for ns in chosen:  # the remedy's own values are checked only when it runs
         if est != "group_norm":
-            raise ValueError(f"--avspo.enable needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
+            raise ValueError(f"--{ns}.enable needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
         if n < 2:
-            raise ValueError("--avspo.enable needs --rollout.n_samples_per_prompt >= 2")
-        k = args.avspo.num_virtual
-        if k is not None and not 1 <= k:
-            raise ValueError(f"--avspo.num_virtual must be >= 1, got {k}")
-        if k is not None and args.avspo.strategy == "opposite":
-            raise ValueError("--avspo.num_virtual cannot be combined with --avspo.strategy opposite (which uses K = 1)")
+            raise ValueError(f"--{ns}.enable needs --rollout.n_samples_per_prompt >= 2")
+        check = getattr(getattr(cfg, ns), "check", None)
+        try:
+            check and check()
+        except ValueError as e:
+            raise ValueError(f"--{ns}.{e}") from None
         if args.algo.advantage.gamma != 1.0:  # OpenRLHF's group_norm warns and uses 1.0 as well
             print(
                 f"[avspo] --algo.advantage.gamma {args.algo.advantage.gamma} is ignored with group_norm: returns use 1.0"
             )
-    cfg = settings(args)
-    chosen = [f"--{ns}.enable" for ns in REMEDIES if getattr(cfg, ns).enable]
-    if len(chosen) > 1:
-        raise ValueError(f"{' and '.join(chosen)}: choose one advantage remedy")
-    for name in chosen[:1]:
-        if name != "--avspo.enable" and est != "group_norm":
-            raise ValueError(f"{name} needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
-        if name != "--avspo.enable" and n < 2:
-            raise ValueError(f"{name} needs --rollout.n_samples_per_prompt >= 2")
-    if cfg.ngrpo.enable and (cfg.ngrpo.num_max < 1 or cfg.ngrpo.eps < 0):
-        raise ValueError("--ngrpo.num_max must be >= 1 and --ngrpo.eps >= 0")
-    if cfg.rl_zvp.enable and not cfg.rl_zvp.alpha > 0:
-        raise ValueError(f"--rl_zvp.alpha must be > 0, got {cfg.rl_zvp.alpha}")
     if cfg.greso.enable:
         if n < 2:
             raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
@@ -384,9 +379,10 @@ def build_controller(args):
 
     cfg = settings(args)
     remedy = chosen_remedy(args)
-    seed = cfg.avspo.seed if cfg.avspo.seed is not None else getattr(getattr(args, "train", None), "seed", 0)
-    return CollapseController(remedy, getattr(cfg, remedy) if remedy else None, acr=cfg.acr, monitor=cfg.monitor,
-                              seed=seed)  # fmt: skip
+    config = getattr(cfg, remedy) if remedy else None
+    seed = getattr(config, "seed", None)  # a remedy's own seed (AVSPO's random_uniform), else the run's
+    seed = seed if seed is not None else getattr(getattr(args, "train", None), "seed", 0)
+    return CollapseController(remedy, config, acr=cfg.acr, monitor=cfg.monitor, seed=seed)
 
 
 def build_greso(args):

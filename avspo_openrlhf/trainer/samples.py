@@ -122,7 +122,8 @@ class StateWithExtras:
     """A prompt dataloader whose ``state_dict`` also carries our generator-side state (GRESO), so
     OpenRLHF's checkpoint of the dataloader position (sync and async) restores both together."""
 
-    KEY = "_avspo_extras"
+    KEY = "_sampler_extras"
+    LEGACY_KEYS = ("_avspo_extras",)  # written before 0.2: still restored
 
     def __init__(self, dataloader, extras: dict):
         self._dataloader, self._extras = dataloader, extras
@@ -132,7 +133,10 @@ class StateWithExtras:
 
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
-        for k, v in state.pop(self.KEY, {}).items():
+        extras = next((state.pop(k) for k in (self.KEY, *self.LEGACY_KEYS) if k in state), {})
+        for k in self.LEGACY_KEYS:
+            state.pop(k, None)
+        for k, v in extras.items():
             if k in self._extras:
                 self._extras[k].load_state_dict(v)
         self._dataloader.load_state_dict(state)
