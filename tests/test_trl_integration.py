@@ -1,7 +1,9 @@
 """TRL's own ``GRPOTrainer.train()`` (TRL 1.16.0, HF generation, no vLLM) on the tiny random model with
-every remedy of avspo_openrlhf/integrations/trl.py: the advantages TRL trains on are the algo layer's
-closed forms, a closed gate is TRL's GRPO bit for bit, the paper README's snippet trains and logs
-``train/acr``, a resume continues the controller exactly, each process keeps its slice, and every TRL
+every remedy of avspo_openrlhf/integrations/trl.py (AVSPO with each of its strategies): the advantages
+TRL trains on are the algo layer's closed forms, a closed gate is TRL's GRPO bit for bit and Dr. GRPO
+(``scale_rewards="none"``) TRL's own bit for bit, the paper README's snippet trains and logs
+``train/acr``, evaluation logs ``eval_acr`` without stepping the controller, a resume continues the
+controller exactly (its random generator included), each process keeps its slice, and every TRL
 private name the integration relies on still exists and still means what it did."""
 
 import dataclasses
@@ -33,12 +35,15 @@ from trl.trainer.utils import nanstd  # noqa: E402
 from avspo_openrlhf.algo import (  # noqa: E402
     ESTIMATORS,
     ACRConfig,
+    AVSPOConfig,
     CollapseController,
     RLZVPConfig,
     group_advantages,
+    num_virtual,
     rl_zvp_token_advantages,
 )
 from avspo_openrlhf.algo import GRPOConfig as GroupNorm  # noqa: E402
+from avspo_openrlhf.algo.options import STRATEGIES  # noqa: E402
 from avspo_openrlhf.cpu.tiny import build_tiny_model  # noqa: E402
 from avspo_openrlhf.integrations import trl as acr_trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
@@ -49,6 +54,9 @@ G = 4
 PATTERNS = {"a": (1, 1, 1, 1), "c": (1, 0, 0, 1), "b": (0, 0, 0, 0), "d": (0, 1, 1, 1)}
 TAU = 0.3  # below every step's ACR: the gate opens
 OPTIONS = {"ngrpo": {"num_max": 2}, "sign": {"scope": "collapsed"}}
+# one TRL run per case: every remedy, AVSPO once per virtual-reward strategy ("avspo-<strategy>")
+CASES = [r for r in sorted(ESTIMATORS) if r != "avspo"] + [f"avspo-{s}" for s in STRATEGIES]
+RESUMED = ("avspo-stratified", "avspo-random_uniform")  # these runs also write checkpoints
 TRL_GRPO = GroupNorm(std_convention=acr_trl.TRL_STD_CONVENTION, eps=acr_trl.TRL_EPS)
 
 
@@ -80,7 +88,7 @@ class Recorder(acr_trl.GRPOTrainer):
         return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        pending = self._rl_zvp_inputs
+        pending = self._token_inputs
         before = None if pending is None else pending["advantages"].clone()
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if pending is not None:
@@ -114,22 +122,35 @@ def run(assets, key: str, **config) -> Recorder:
     return assets["runs"][key]
 
 
-def remedy_kwargs(remedy: str) -> dict:
-    extra = dict(save_strategy="steps", save_steps=1) if remedy == "avspo" else {}  # the resume test's
-    return dict(remedy=remedy, acr_threshold_init=TAU, acr_options={"window": 1}, remedy_options=OPTIONS.get(remedy), **extra)  # fmt: skip
+def split(case: str) -> tuple[str, dict | None]:
+    """``(remedy, remedy_options)`` of a case: ``"avspo-opposite"`` is AVSPO with that strategy."""
+    remedy, _, strategy = case.partition("-")
+    return remedy, ({"strategy": strategy} if strategy else OPTIONS.get(remedy))
 
 
-def remedy_run(assets, remedy: str) -> Recorder:
-    return run(assets, remedy, **remedy_kwargs(remedy))
+def remedy_kwargs(case: str) -> dict:
+    remedy, options = split(case)
+    extra = dict(save_strategy="steps", save_steps=1) if case in RESUMED else {}  # the resume test's
+    return dict(remedy=remedy, acr_threshold_init=TAU, acr_options={"window": 1}, remedy_options=options, **extra)  # fmt: skip
 
 
-def remedy_config(remedy: str):
+def remedy_run(assets, case: str) -> Recorder:
+    return run(assets, case, **remedy_kwargs(case))
+
+
+def remedy_config(case: str):
+    remedy, options = split(case)
     cls = ESTIMATORS[remedy].config
     if cls is None:
         return None
     names = {f.name for f in dataclasses.fields(cls)}
     fixed = {"std_convention": acr_trl.TRL_STD_CONVENTION, "eps": acr_trl.TRL_EPS}
-    return cls(**OPTIONS.get(remedy, {}), **{k: v for k, v in fixed.items() if k in names})
+    return cls(**(options or {}), **{k: v for k, v in fixed.items() if k in names})
+
+
+def seeded() -> torch.Generator:
+    """The controller's generator as GRPOConfig(seed=0) seeds it (AVSPO's random_uniform draws from it)."""
+    return torch.Generator().manual_seed(0)
 
 
 def grouped(rewards_per_func: torch.Tensor) -> torch.Tensor:
@@ -163,14 +184,15 @@ def test_a_closed_gate_is_trls_grpo_bit_for_bit(assets):
     assert all(h["acr/gate_open"] == 0.0 and h["acr/remedy_groups"] == 0.0 for h in acr_logs(closed))
 
 
-@pytest.mark.parametrize("remedy", sorted(ESTIMATORS))
-def test_trl_trains_on_the_closed_forms(assets, remedy):
-    tr = remedy_run(assets, remedy)
-    ref = CollapseController(remedy, remedy_config(remedy), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
+@pytest.mark.parametrize("case", CASES)
+def test_trl_trains_on_the_closed_forms(assets, case):
+    remedy, _ = split(case)
+    tr = remedy_run(assets, case)
+    ref = CollapseController(remedy, remedy_config(case), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
     for step, (rewards, adv) in enumerate(zip(tr.rewards, tr.advantages)):
         expected, _ = ref.step(grouped(rewards))
         if step == 0:  # the first batch is group_advantages itself (window 1: the gate sees this batch's ACR)
-            direct, _ = group_advantages(grouped(rewards), remedy, remedy_config(remedy), tau_adapt=TAU)
+            direct, _ = group_advantages(grouped(rewards), remedy, remedy_config(case), tau_adapt=TAU, generator=seeded())  # fmt: skip
             assert torch.equal(direct, expected)
         assert torch.allclose(adv, expected.reshape(-1), atol=1e-6), (step, adv, expected)
     assert len(tr.advantages) == 2 and torch.equal(torch.cat(tr.trained).sort().values, torch.cat(tr.advantages).sort().values)  # fmt: skip
@@ -178,6 +200,11 @@ def test_trl_trains_on_the_closed_forms(assets, remedy):
         assert (torch.cat(tr.advantages) != 0).sum() > 8
     logs = acr_logs(tr)
     assert len(logs) == 2 and all(h["acr"] == 0.5 for h in logs)
+    if remedy == "avspo":  # the strategy reached the controller: its K (opposite: one virtual sample)
+        strategy = remedy_config(case).strategy
+        assert tr.controller.config.strategy == strategy and strategy == case.partition("-")[2]
+        k = num_virtual(G, 0.5, AVSPOConfig.alpha, strategy)
+        assert all(h["acr/num_virtual_k"] == k and h["acr/gate_open"] == 1.0 for h in logs)
     if remedy == "rl_zvp":
         assert len(tr.zvp) == 2
         for before, after, entropy, mask, sign in tr.zvp:  # the loss's own entropies, no extra forward
@@ -199,21 +226,58 @@ def test_paper_readme_snippet_trains_and_logs_train_acr(assets):
     assert len(logged) == 2 and all(h["train/acr"] == 0.5 and "train/acr/gate_open" in h for h in logged)
 
 
-def test_resume_continues_the_controller_state_exactly(assets):
-    full = remedy_run(assets, "avspo")
-    checkpoint = assets["root"] / "avspo" / "checkpoint-1"
-    assert json.loads((checkpoint / acr_trl.STATE_FILE).read_text())["steps"] == 1
-    args = acr_trl.GRPOConfig(**{**common(assets, "avspo_resumed"), **remedy_kwargs("avspo")})
+@pytest.mark.parametrize("case", RESUMED)
+def test_resume_continues_the_controller_state_exactly(assets, case):
+    full = remedy_run(assets, case)
+    checkpoint = assets["root"] / case / "checkpoint-1"
+    saved = json.loads((checkpoint / acr_trl.STATE_FILE).read_text())
+    assert saved["steps"] == 1
+    args = acr_trl.GRPOConfig(**{**common(assets, case + "_resumed"), **remedy_kwargs(case)})
     resumed = Recorder(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert len(resumed.advantages) == 1 and torch.equal(resumed.advantages[0], full.advantages[1])
     assert resumed.controller.state_dict() == full.controller.state_dict() and full.controller.steps == 2
+    if case == "avspo-random_uniform":  # the generator's state matters: a fresh one draws other virtual rewards
+        fresh = CollapseController("avspo", remedy_config(case), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
+        fresh.load_state_dict({**saved, "generator": fresh.generator.get_state().tolist()})
+        other, _ = fresh.step(grouped(full.rewards[1]))
+        assert not torch.allclose(other.reshape(-1), full.advantages[1], atol=1e-3)
+
+
+def test_dr_grpo_without_std_scaling_is_trls_own_bit_for_bit(assets):
+    dr = dict(scale_rewards="none", loss_type="dr_grpo")  # TRL's Dr. GRPO (its docs' two settings)
+    ours, theirs = run(assets, "dr_grpo_none", remedy="dr_grpo", **dr), run(assets, "none_dr_grpo", **dr)
+    assert len(ours.advantages) == len(theirs.advantages) == 2
+    for rewards, mine, trl_adv in zip(theirs.rewards, ours.advantages, theirs.advantages):
+        closed, _ = group_advantages(grouped(rewards), "dr_grpo")  # r - group mean, no std division
+        assert torch.equal(trl_adv, closed.reshape(-1)) and torch.equal(mine, trl_adv)
+        r = grouped(rewards)  # the mixed groups too: centred only, not divided by their std
+        assert torch.equal(trl_adv, (r - r.mean(dim=1, keepdim=True)).reshape(-1))
+    magnitudes = sorted(set(torch.cat(theirs.advantages).abs().tolist()))
+    assert magnitudes == [0.0, 0.25, 0.5, 0.75]  # TRL's GRPO (std division) would give 0.5, 0.866, 1.5
+    assert all(h["acr"] == 0.5 and h["acr/remedy_groups"] == 0.0 for h in acr_logs(ours))
+
+
+def test_evaluation_logs_eval_acr_and_leaves_the_controller_alone(assets):
+    args = acr_trl.GRPOConfig(**{**common(assets, "eval"), **remedy_kwargs("avspo-stratified"), "save_strategy": "no"})  # fmt: skip
+    tr = Recorder(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"], eval_dataset=assets["data"])  # fmt: skip
+    before = tr.controller.state_dict()
+    tr.evaluate()
+    assert tr.controller.state_dict() == before and tr.controller.steps == 0  # no gate, window or threshold step
+    assert len(tr.advantages) == 2  # 4 prompts x G, 2 G per batch
+    for rewards, adv in zip(tr.rewards, tr.advantages):  # TRL's own GRPO: evaluation applies no remedy
+        expected, _ = group_advantages(grouped(rewards), "grpo", TRL_GRPO)
+        assert torch.allclose(adv, expected.reshape(-1), atol=1e-6)
+    assert (torch.cat(tr.advantages) == 0).sum() == 2 * G  # the all-right and all-wrong groups: zero
+    (logged,) = [h for h in tr.state.log_history if "eval_acr" in h]
+    assert logged["eval_acr"] == 0.5 and logged["eval_acr/all_right"] == logged["eval_acr/all_wrong"] == 0.25
+    assert not any(k.startswith("eval_acr/gate") for k in logged) and "acr" not in logged
 
 
 def test_each_process_trains_on_its_slice(assets):
-    tr = remedy_run(assets, "avspo")
+    tr = remedy_run(assets, "avspo-stratified")
     shaped = grouped(tr.rewards[0])  # all-right + mixed; two "processes" of one group each
-    ours, _ = group_advantages(shaped, "avspo", remedy_config("avspo"), tau_adapt=TAU)
+    ours, _ = group_advantages(shaped, "avspo", remedy_config("avspo-stratified"), tau_adapt=TAU)
     theirs, _ = group_advantages(shaped, "grpo", TRL_GRPO)  # what TRL hands each process
     scored, accelerator = torch.ones(2, dtype=torch.bool), tr.accelerator
     try:
@@ -285,6 +349,7 @@ def test_bad_setups_fail_in_one_line(assets):
     assert acr_trl.GRPOConfig(remedy="ngrpo", remedy_options='{"num_max": 2}', **kw).remedy_options == {"num_max": 2}
     for config, match in [
         (dict(remedy="avspo", scale_rewards="batch"), "scale_rewards"),
+        (dict(remedy="avspo", scale_rewards="none"), "scale_rewards"),  # none: dr_grpo only
         (dict(remedy="avspo", remedy_options={"eps": 1e-3}), "follow the framework's GRPO"),
         (dict(remedy="sign", remedy_options={"scoop": "all"}), "has no option"),
         (dict(acr_reward_func="accuracy"), "is not a reward function"),

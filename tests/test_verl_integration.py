@@ -1,7 +1,8 @@
 """verl's own ``compute_advantage`` (verl 0.9.1, installed without its pins beside transformers 5.19:
 requirements-verl.txt) dispatching to the ``acr_*`` estimators of avspo_openrlhf/integrations/verl.py:
-the closed forms on a DataProto, a closed gate is verl's ``grpo`` bit for bit, one controller per run,
-both plugin loading paths, and the verl names the plugin relies on."""
+the closed forms on a DataProto (``acr_avspo`` with each of its strategies), a closed gate is verl's
+``grpo`` bit for bit, one controller per run, both plugin loading paths, and the verl names the plugin
+relies on."""
 
 import importlib.metadata as md
 import inspect
@@ -25,12 +26,16 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
-from avspo_openrlhf.algo import ESTIMATORS, group_advantages  # noqa: E402
+from avspo_openrlhf.algo import ESTIMATORS, group_advantages, num_virtual  # noqa: E402
+from avspo_openrlhf.algo.options import STRATEGIES  # noqa: E402
 from avspo_openrlhf.integrations import verl as plugin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = torch.tensor([[1.0, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 1], [0, 1, 1, 1]])  # ACR 0.5
-OPTIONS = {"avspo": {"alpha": 1.0, "strategy": "opposite"}, "ngrpo": {"num_max": 2}, "sign": {"scope": "all"}}
+OPTIONS = {"ngrpo": {"num_max": 2}, "sign": {"scope": "all"}}
+OPTIONS |= {f"avspo-{s}": {"alpha": 1.0, "strategy": s} for s in STRATEGIES}  # algorithm.avspo.strategy=<s>
+# every estimator once, acr_avspo once per virtual-reward strategy ("avspo-<strategy>")
+CASES = [r for r in plugin.REMEDIES if r != "avspo"] + [f"avspo-{s}" for s in STRATEGIES]
 
 
 def data(rewards: torch.Tensor, seed: int = 0):
@@ -61,13 +66,14 @@ def advantages(cfg, rewards=REWARDS, seed=0):
 def closed_form(remedy: str, options: dict, tau: float) -> torch.Tensor:
     cls = ESTIMATORS[remedy].config
     cfg = cls(**{**options, **{k: v for k, v in (("std_convention", "unbiased"), ("eps", 1e-6)) if hasattr(cls, k)}}) if cls else None  # fmt: skip
-    adv, _ = group_advantages(REWARDS, remedy, cfg, tau_adapt=tau)
+    # the run's generator: algorithm.acr.seed, 0 by default (AVSPO's random_uniform draws from it)
+    adv, _ = group_advantages(REWARDS, remedy, cfg, tau_adapt=tau, generator=torch.Generator().manual_seed(0))
     return adv
 
 
-@pytest.mark.parametrize("remedy", plugin.REMEDIES)
-def test_compute_advantage_gives_the_closed_forms(remedy):
-    options = OPTIONS.get(remedy, {})
+@pytest.mark.parametrize("case", CASES)
+def test_compute_advantage_gives_the_closed_forms(case):
+    remedy, options = case.partition("-")[0], OPTIONS.get(case, {})
     cfg = algorithm(plugin.PREFIX + remedy, acr={"tau_init": 0.3}, **({remedy: options} if options else {}))
     adv, returns, mask, perm = advantages(cfg)
     expected = closed_form(remedy, options, 0.3).reshape(-1)[perm]
@@ -78,6 +84,9 @@ def test_compute_advantage_gives_the_closed_forms(remedy):
         assert (adv.abs().sum(dim=1) > 0).sum() > 8  # more rows than the two mixed groups' 8
     m = plugin.acr_metrics(cfg)
     assert m["acr"] == 0.5 and m["acr/all_right"] == 0.25 and m["acr/all_wrong"] == 0.25
+    if remedy == "avspo":  # the strategy reached the run's controller: its K (opposite: one virtual sample)
+        assert plugin.controller_of(cfg).config.strategy == options["strategy"] and m["acr/gate_open"] == 1.0
+        assert m["acr/num_virtual_k"] == num_virtual(4, 0.5, 1.0, options["strategy"])
     assert m["acr/remedy_groups"] == {"grpo": 0.0, "dr_grpo": 0.5, "avspo": 0.5, "ngrpo": 0.75, "sign": 1.0}[remedy]
 
 
