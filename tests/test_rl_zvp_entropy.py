@@ -97,6 +97,18 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
     from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
 
     monkeypatch.setenv("LOCAL_RANK", "0")
+    # the actor sets these in os.environ (the loopback store among them): restored after the test, or
+    # the processes later tests start (Ray workers of a Slurm job) would wait for this test's store
+    for name in (
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_WORLD_SIZE",
+        "TORCHELASTIC_USE_AGENT_STORE",
+    ):
+        monkeypatch.setenv(name, "")  # records the value to restore (or that there was none)
+        monkeypatch.delenv(name)
     model = build_tiny_model(str(tmp_path / "tiny"))
     batch = "12" if old_pass == "skipped" else "4"  # 4 of 12 samples a step: later steps need the old pass
     args = _args("--actor.model_name_or_path", model, "--ds.zero_stage", "2", "--ds.attn_implementation", "eager",

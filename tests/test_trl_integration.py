@@ -41,6 +41,7 @@ from avspo_openrlhf.algo import (  # noqa: E402
     group_advantages,
     num_virtual,
     rl_zvp_token_advantages,
+    zero_variance_sign,
 )
 from avspo_openrlhf.algo import GRPOConfig as GroupNorm  # noqa: E402
 from avspo_openrlhf.algo.options import STRATEGIES  # noqa: E402
@@ -258,6 +259,53 @@ def test_dr_grpo_without_std_scaling_is_trls_own_bit_for_bit(assets):
     assert all(h["acr"] == 0.5 and h["acr/remedy_groups"] == 0.0 for h in acr_logs(ours))
 
 
+def bonus(completions, pattern, **_):
+    """A second reward function: 0.1 on every second completion (no group of it is collapsed)."""
+    return [0.1 * (i % 2) for i in range(len(pattern))]
+
+
+def test_acr_reward_func_measures_correctness_while_the_remedy_shapes_the_weighted_sum(assets):
+    """Two reward functions: ``acr_reward_func="correct"`` is the raw view (its ACR drives the gate),
+    TRL's weighted sum the shaped one the advantages are computed on; the all-right group of the
+    correctness function is not collapsed in the sum, so AVSPO leaves it to GRPO."""
+    args = acr_trl.GRPOConfig(**{**common(assets, "two_funcs"), **remedy_kwargs("avspo-stratified"),
+                                 "save_strategy": "no", "acr_reward_func": "correct"})  # fmt: skip
+    tr = Recorder(model=assets["model"], reward_funcs=[correct, bonus], args=args, train_dataset=assets["data"])
+    tr.train()
+    ref = CollapseController("avspo", remedy_config("avspo-stratified"), acr=ACRConfig(tau_init=TAU, window=1), seed=0)  # fmt: skip
+    assert len(tr.rewards) == 2 and tr.rewards[0].shape[1] == 2
+    for rewards, adv in zip(tr.rewards, tr.advantages):
+        raw, shaped = rewards[:, 0].view(-1, G), rewards.sum(dim=1).view(-1, G)
+        expected, _ = ref.step(raw, shaped)
+        assert torch.allclose(adv, expected.reshape(-1), atol=1e-6)
+    logs = acr_logs(tr)
+    assert [h["acr"] for h in logs] == [0.5, 0.5] and [h["acr/shaped"] for h in logs] == [0.0, 0.0]
+    # the raw view's ACR is the gate's input; no group of the sum is collapsed, so none is augmented
+    assert all(h["acr/gate"] == 0.5 and h["acr/gate_open"] == 0.0 for h in logs)
+
+
+def sometimes_unscored(completions, pattern, **_):
+    """``correct``, except that the first completion of the mixed group "c" gets no score (``None``)."""
+    return [None if p == "c" and i % G == 0 else float(PATTERNS[p][i % G]) for i, p in enumerate(pattern)]
+
+
+def test_a_group_with_an_unscored_completion_keeps_trls_advantages_and_stays_out_of_acr(assets):
+    def trainer(key, **remedy):
+        args = acr_trl.GRPOConfig(**{**common(assets, key), **remedy, "save_strategy": "no"})
+        tr = Recorder(model=assets["model"], reward_funcs=sometimes_unscored, args=args, train_dataset=assets["data"])
+        tr.train()
+        return tr
+
+    ours = trainer("unscored_avspo", **remedy_kwargs("avspo-stratified"))
+    theirs = trainer("unscored_none")
+    first = ours.advantages[0]  # step 1: all-right group "a", then group "c" with one unscored completion
+    assert torch.isnan(ours.rewards[0][G, 0]) and torch.equal(first[G:], theirs.advantages[0][G:])
+    assert first[G] == 0.0  # TRL's: an unscored completion gets no advantage
+    assert (first[:G] != 0).all()  # the all-right group, alone in ACR (1.0): AVSPO's virtual samples
+    logs = acr_logs(ours)
+    assert logs[0]["acr"] == 1.0 and logs[1]["acr"] == 0.5  # step 2 ("b", "d") fully scored
+
+
 def test_evaluation_logs_eval_acr_and_leaves_the_controller_alone(assets):
     args = acr_trl.GRPOConfig(**{**common(assets, "eval"), **remedy_kwargs("avspo-stratified"), "save_strategy": "no"})  # fmt: skip
     tr = Recorder(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"], eval_dataset=assets["data"])  # fmt: skip
@@ -305,7 +353,9 @@ class Trainer(acr_trl.GRPOTrainer):
     seen = []
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        self.seen.append({"pattern": inputs[0]["pattern"], "adv": out["advantages"].tolist()})
+        sign = out.get(acr_trl.SIGN_KEY)
+        self.seen.append({"pattern": inputs[0]["pattern"], "adv": out["advantages"].tolist(),
+                          "sign": None if sign is None else sign.tolist()})
         return out
 
 data = Dataset.from_list([{"prompt": f"What is {k}?", "pattern": k} for k in PATTERNS])
@@ -314,13 +364,14 @@ trainer = Trainer(model=sys.argv[1], reward_funcs=correct, args=args, train_data
 trainer.train()
 with open(os.path.join(args.output_dir, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
     json.dump({"seen": trainer.seen, "processes": trainer.accelerator.num_processes,
-               "state": trainer.controller.state_dict()}, f)
+               "state": trainer.controller.state_dict(), "logs": trainer.state.log_history}, f)
 """
 
 
-def test_two_processes_each_train_on_their_slice(assets, tmp_path):
+@pytest.mark.parametrize("remedy", ["ngrpo", "rl_zvp"])
+def test_two_processes_each_train_on_their_slice(assets, tmp_path, remedy):
     (tmp_path / "two.py").write_text(TWO_PROCESSES % (G, PATTERNS))
-    config = {**common(assets, "two"), **remedy_kwargs("ngrpo"), "per_device_train_batch_size": G, "output_dir": str(tmp_path)}  # fmt: skip
+    config = {**common(assets, "two"), **remedy_kwargs(remedy), "per_device_train_batch_size": G, "output_dir": str(tmp_path)}  # fmt: skip
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -332,12 +383,32 @@ def test_two_processes_each_train_on_their_slice(assets, tmp_path):
     ranks = [json.loads((tmp_path / f"rank{i}.json").read_text()) for i in range(2)]
     assert all(r["processes"] == 2 and len(r["seen"]) == 2 for r in ranks)
     assert ranks[0]["state"] == ranks[1]["state"]  # one controller, stepped on the gathered rewards everywhere
-    ref = CollapseController("ngrpo", remedy_config("ngrpo"), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
+    ref = CollapseController(remedy, remedy_config(remedy), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
     for step in range(2):  # TRL gathers in process order: process i holds group i of the batch
         rewards = torch.tensor([PATTERNS[r["seen"][step]["pattern"]] for r in ranks], dtype=torch.float32)
         expected, _ = ref.step(rewards)
+        sign = zero_variance_sign(rewards)
         for i, r in enumerate(ranks):
             assert torch.allclose(torch.tensor(r["seen"][step]["adv"]), expected[i], atol=1e-6), (step, i)
+            if remedy == "rl_zvp":  # each process gets its own group's sign, for its own completions
+                assert r["seen"][step]["sign"] == [int(sign[i])] * G, (step, i)
+    if remedy == "rl_zvp":  # the token advantages' metrics are gathered: every process logs the same
+        logged = [[h["rl_zvp/zero_variance_samples"] for h in r["logs"] if "rl_zvp/zero_variance_samples" in h] for r in ranks]  # fmt: skip
+        assert logged[0] == logged[1] and len(logged[0]) == 2 and all(x > 0 for x in logged[0])
+
+
+def test_rl_zvp_over_two_iterations_adds_its_token_advantages_once_per_loss(assets):
+    """``num_iterations=2``: TRL trains twice on one buffered generation batch; each loss adds the
+    token advantages of its own forward's entropies to the batch's sequence-level advantages, which
+    stay as generated (not accumulated across the iterations)."""
+    tr = run(assets, "rl_zvp_two_iterations", **remedy_kwargs("rl_zvp"), num_iterations=2)
+    assert len(tr.advantages) == 1 and len(tr.zvp) == 2  # one generation, two losses
+    generated = tr.advantages[0].sort().values
+    for before, after, entropy, mask, sign in tr.zvp:  # TRL reshuffles the buffered batch per iteration
+        assert before.dim() == 1 and torch.equal(before.sort().values, generated)
+        extra = rl_zvp_token_advantages(entropy, mask, sign, RLZVPConfig.alpha)
+        assert torch.allclose(after, before[:, None] + extra, atol=1e-6) and extra.abs().sum() > 0
+        assert (extra.abs().sum(dim=1) > 0).sum() == (sign != 0).sum() == G  # the all-right group's rows
 
 
 def test_bad_setups_fail_in_one_line(assets):

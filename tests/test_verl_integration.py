@@ -59,7 +59,9 @@ def algorithm(estimator: str, **sections):
 
 def advantages(cfg, rewards=REWARDS, seed=0):
     batch, perm = data(rewards, seed)
-    out = compute_advantage(batch, adv_estimator=cfg.adv_estimator, config=cfg)
+    # verl's trainer passes algorithm.norm_adv_by_std_in_grpo on its own as well as the config
+    out = compute_advantage(batch, adv_estimator=cfg.adv_estimator, config=cfg,
+                            norm_adv_by_std_in_grpo=cfg.get("norm_adv_by_std_in_grpo", True))  # fmt: skip
     return out.batch["advantages"], out.batch["returns"], out.batch["response_mask"], perm
 
 
@@ -112,6 +114,37 @@ def test_one_controller_per_run_keeps_the_window_and_threshold():
     assert plugin.controller_of(cfg).state_dict()["steps"] == 2 and plugin.controller_of() is plugin.controller_of(
         other
     )
+
+
+def test_random_uniform_draws_on_across_one_runs_calls_from_its_seed():
+    """``acr_avspo`` with ``strategy random_uniform`` and ``algorithm.acr.seed 7``: three calls of one run
+    give what one controller seeded 7 gives over three steps (its generator carried from call to call),
+    not three first draws."""
+    from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, CollapseController
+
+    options = {"strategy": "random_uniform", "alpha": 1.0}
+    cfg = algorithm("acr_avspo", acr={"tau_init": 0.3, "window": 1, "seed": 7}, avspo=options)
+    ref = CollapseController("avspo", AVSPOConfig(**options, std_convention="unbiased", eps=1e-6),
+                             acr=ACRConfig(tau_init=0.3, window=1), seed=7)  # fmt: skip
+    got = []
+    for call in range(3):
+        adv, _, mask, perm = advantages(cfg, seed=call)
+        expected, _ = ref.step(REWARDS)
+        assert torch.allclose(adv, expected.reshape(-1)[perm][:, None] * mask, atol=1e-6), call
+        got.append(expected)
+    assert not torch.allclose(got[0], got[1], atol=1e-4)  # the second call drew new virtual rewards
+
+
+def test_dr_grpo_without_std_division_is_verls_own():
+    """``acr_dr_grpo`` accepts ``norm_adv_by_std_in_grpo=False`` (the other estimators divide by the std
+    and refuse it): it then equals verl's ``grpo`` with the same setting, r minus the group mean."""
+    cfg = OmegaConf.merge(algorithm("acr_dr_grpo"), {"norm_adv_by_std_in_grpo": False})
+    theirs_cfg = OmegaConf.merge(algorithm("grpo"), {"norm_adv_by_std_in_grpo": False})
+    ours, _, mask, perm = advantages(cfg)
+    theirs, _, _, _ = advantages(theirs_cfg)
+    centred = (REWARDS - REWARDS.mean(dim=1, keepdim=True)).reshape(-1)[perm]
+    assert torch.equal(ours, theirs) and torch.allclose(ours, centred[:, None] * mask, atol=1e-7)
+    assert plugin.acr_metrics(cfg)["acr/remedy_groups"] == 0.0
 
 
 def test_bad_setups_fail_in_one_line():

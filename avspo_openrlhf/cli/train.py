@@ -47,7 +47,7 @@ from avspo_openrlhf.trainer.stop import clear_stop_request, take_stopped_marker
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 DESCRIPTION = (
     "avspo-train: OpenRLHF 0.11.2 PPO/GRPO training (Ray + vLLM + DeepSpeed) with Advantage Collapse Rate "
-    "monitoring, advantage remedies (--avspo.enable, --ngrpo.enable, --rl_zvp.enable, --sign.enable), a std-based "
+    f"monitoring, advantage remedies ({', '.join(f'--{r}.enable' for r in config.REMEDIES)}), a std-based "
     "dynamic filter and GRESO, entropy/KL "
     "alarms and a version-tagged async rollout buffer. Every OpenRLHF flag keeps its meaning."
 )
