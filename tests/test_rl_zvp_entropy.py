@@ -139,6 +139,8 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
             trained.extend(row[m.bool()].clone() for row, m in zip(advantages, k["action_mask"]))
             return inner(log_probs, old, advantages, *a, **k)
 
+        if hasattr(step, "metrics"):  # the token advantages' metrics, which fit() reports
+            spy_step.metrics = step.metrics
         actor.trainer.training_step = spy_step
         if actor.reuse_old:
             loss.loss = spy_loss
@@ -150,11 +152,11 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
             maker = maker_for(args, LocalGroup(actor), controller=controller)
             assert maker.entropy_in_training is (name == "rl_zvp" and actor.reuse_old)
             if name == "rl_zvp" and actor.reuse_old:  # the actor built its own from the same args
-                actor.trainer.training_step.token_advantages = controller.token_advantages
+                step.token_advantages = controller.token_advantages
             calls.clear()
             exps = maker.make_experience_batch(rollout_samples(REWARDS, LENGTHS, prompt_len=5))
             experience_calls = len(calls)
-            want = {}
+            want, ref_entropy = {}, []
             for e in exps:  # the reference: a separate entropy pass, before the update
                 rows = sign[torch.tensor(e.index) // G] != 0
                 adv = e.advantages.clone()
@@ -162,6 +164,7 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
                     mask = e.action_mask[rows]
                     h = actor.token_entropy(e.sequences[rows], mask, e.attention_mask[rows])
                     adv[rows] += controller.token_advantages(h, mask, sign[torch.tensor(e.index) // G][rows])
+                    ref_entropy.append(h[mask.bool()])
                 elif name == "rl_zvp" and rows.any():  # the pass ran: the maker added them already
                     mask = e.action_mask[rows]
                     h = actor.token_entropy(e.sequences[rows], mask, e.attention_mask[rows])
@@ -177,6 +180,9 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
             status = actor.fit(kl_ctl=0.0)
             assert math.isfinite(float(status["policy_loss"]))
             assert "_zero_variance_sign" not in status  # taken out of info before OpenRLHF logs it
+            if ref_entropy:  # the training forward's entropies are logged as the maker's would be
+                assert status["rl_zvp/entropy_mean"] == pytest.approx(float(torch.cat(ref_entropy).mean()), rel=1e-4)
+                assert status["rl_zvp/token_adv_abs_mean"] > 0
             assert len(trained) == len(want)
             assert sorted(k for k, _ in trained) == sorted(want)
             for key, a in trained:

@@ -246,7 +246,8 @@ class _SkipOldLogProbPass:
             self.trainer.actor_loss_fn = OldIsCurrent(self.trainer.actor_loss_fn)
             controller = build_controller(strategy.args)
             if controller.needs_entropy:
-                self.trainer.training_step = TokenAdvantagesInTraining(self.trainer, controller.token_advantages)
+                self.trainer.training_step = TokenAdvantagesInTraining(self.trainer, controller.token_advantages,
+                                                                       controller.estimator)  # fmt: skip
         return out
 
     def forward(self, sequences, action_mask=None, attention_mask=None, *args, **kwargs):
@@ -263,7 +264,11 @@ class _SkipOldLogProbPass:
         if self.reuse_old and len(buffer) > self.strategy.args.train.batch_size:  # a second step would need them
             raise RuntimeError(f"{len(buffer)} samples for one optimizer step of {self.strategy.args.train.batch_size}: "
                                "the skipped old log-probs are needed; old_log_probs_are_current() is wrong here")  # fmt: skip
-        return super().fit(*args, **kwargs)
+        status = super().fit(*args, **kwargs)
+        step = self.trainer.training_step
+        if isinstance(status, dict) and hasattr(step, "metrics"):  # the token advantages' own, from training
+            status.update(step.metrics())
+        return status
 
 
 class CPUPolicyModelActor(_Pinnable, _LoopbackRendezvous, _SkipOldLogProbPass, _response_logits(), _entropy_mixin(),

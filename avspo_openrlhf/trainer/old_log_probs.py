@@ -80,7 +80,7 @@ class TokenAdvantagesInTraining:
     (:class:`OldIsCurrent`) adds ``token_advantages(entropy, mask, sign)`` on those rows, exactly
     what the experience maker adds from a no-grad pass's entropies when that pass runs."""
 
-    def __init__(self, trainer, token_advantages: Callable[..., torch.Tensor]):
+    def __init__(self, trainer, token_advantages: Callable[..., torch.Tensor], name: str = "rl_zvp"):
         if not isinstance(trainer.actor, ResponseLogitsActor):
             raise RuntimeError(
                 "token entropies from the training forward need the response-only forward "
@@ -89,6 +89,17 @@ class TokenAdvantagesInTraining:
         if not isinstance(trainer.actor_loss_fn, OldIsCurrent):
             trainer.actor_loss_fn = OldIsCurrent(trainer.actor_loss_fn)
         self.trainer, self.step, self.token_advantages = trainer, trainer.training_step, token_advantages
+        self.name = name  # the estimator's: its metrics are "<name>/..." as the experience maker's
+        self._sums = [0.0, 0.0, 0.0]  # |token advantage|, entropy, tokens of this update's rows
+
+    def metrics(self) -> dict[str, float]:
+        """This update's ``<name>/token_adv_abs_mean`` and ``<name>/entropy_mean`` over the
+        zero-variance responses' tokens (what the experience maker logs when it computes the
+        entropies itself); resets the sums."""
+        abs_sum, entropy_sum, tokens = self._sums
+        self._sums = [0.0, 0.0, 0.0]
+        return {f"{self.name}/token_adv_abs_mean": abs_sum / tokens if tokens else 0.0,
+                f"{self.name}/entropy_mean": entropy_sum / tokens if tokens else 0.0}  # fmt: skip
 
     def __call__(self, experience, *args, **kwargs):
         sign = experience.info.pop(TOKEN_SIGN, None)
@@ -106,8 +117,12 @@ class TokenAdvantagesInTraining:
             if actor.kept_entropy is None:
                 raise RuntimeError("the training forward kept no token entropies (not the response-only path)")
             h = actor.kept_entropy.masked_fill(~mask.bool(), 0.0)
+            tokens = self.token_advantages(h, mask, row_sign)
+            self._sums[0] += float(tokens.abs().sum())
+            self._sums[1] += float(h.sum())
+            self._sums[2] += float(mask.sum())
             out = torch.zeros_like(advantages)
-            out[rows] = self.token_advantages(h, mask, row_sign).to(device=out.device, dtype=out.dtype)
+            out[rows] = tokens.to(device=out.device, dtype=out.dtype)
             return out
 
         loss.extra_advantages = extra
