@@ -91,6 +91,7 @@ def main() -> None:
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
 
     from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
+    from avspo_openrlhf.cpu.dtype import cpu_kind
 
     install_gpu_module_stubs()  # OpenRLHF imports flash_attn at module top
     from openrlhf.models import Actor
@@ -171,7 +172,7 @@ def main() -> None:
         med[v]["step"] = med[v]["experience"] + med[v]["train"]
     gap = float((entropies["after"] - entropies["before"]).abs().max()) if rows.any() else 0.0
     result = {
-        "model": args.model, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "model": args.model, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_kind(),
         "dtype": args.dtype, "attn": args.attn, "old_pass": args.old_pass, "batch": args.batch, "prompt_len": args.prompt_len,
         "response_len": args.response_len, "zero_variance_rows": int(rows.sum()), "repeats": args.repeats,
         "threads": torch.get_num_threads(),

@@ -139,8 +139,6 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
             trained.extend(row[m.bool()].clone() for row, m in zip(advantages, k["action_mask"]))
             return inner(log_probs, old, advantages, *a, **k)
 
-        if hasattr(step, "metrics"):  # the token advantages' metrics, which fit() reports
-            spy_step.metrics = step.metrics
         actor.trainer.training_step = spy_step
         if actor.reuse_old:
             loss.loss = spy_loss

@@ -231,6 +231,7 @@ class _SkipOldLogProbPass:
     (``TokenAdvantagesInTraining``), so it adds no forward either."""
 
     reuse_old = False
+    token_step = None  # TokenAdvantagesInTraining, with a token-level remedy
 
     def init_model_from_pretrained(self, strategy, *args, **kwargs):
         from avspo_openrlhf.trainer.config import build_controller
@@ -246,8 +247,9 @@ class _SkipOldLogProbPass:
             self.trainer.actor_loss_fn = OldIsCurrent(self.trainer.actor_loss_fn)
             controller = build_controller(strategy.args)
             if controller.needs_entropy:
-                self.trainer.training_step = TokenAdvantagesInTraining(self.trainer, controller.token_advantages,
-                                                                       controller.estimator)  # fmt: skip
+                self.token_step = TokenAdvantagesInTraining(self.trainer, controller.token_advantages,
+                                                            controller.estimator)  # fmt: skip
+                self.trainer.training_step = self.token_step
         return out
 
     def forward(self, sequences, action_mask=None, attention_mask=None, *args, **kwargs):
@@ -265,9 +267,8 @@ class _SkipOldLogProbPass:
             raise RuntimeError(f"{len(buffer)} samples for one optimizer step of {self.strategy.args.train.batch_size}: "
                                "the skipped old log-probs are needed; old_log_probs_are_current() is wrong here")  # fmt: skip
         status = super().fit(*args, **kwargs)
-        step = self.trainer.training_step
-        if isinstance(status, dict) and hasattr(step, "metrics"):  # the token advantages' own, from training
-            status.update(step.metrics())
+        if self.token_step is not None:  # the token advantages' metrics, from the training forwards
+            status.update(self.token_step.metrics())
         return status
 
 

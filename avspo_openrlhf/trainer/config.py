@@ -313,10 +313,11 @@ def validate(args) -> None:
         if n < 2:
             raise ValueError(f"--{ns}.enable needs --rollout.n_samples_per_prompt >= 2")
         check = getattr(getattr(cfg, ns), "check", None)
-        try:
-            check and check()
-        except ValueError as e:
-            raise ValueError(f"--{ns}.{e}") from None
+        if check is not None:
+            try:
+                check()
+            except ValueError as e:  # the config names the field; the flag adds its group
+                raise ValueError(f"--{ns}.{e}") from None
         if args.algo.advantage.gamma != 1.0:  # OpenRLHF's group_norm warns and uses 1.0 as well
             print(
                 f"[avspo] --algo.advantage.gamma {args.algo.advantage.gamma} is ignored with group_norm: returns use 1.0"

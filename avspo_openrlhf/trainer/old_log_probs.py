@@ -55,18 +55,18 @@ class OldIsCurrent:
     """The policy loss with the training forward's own log-probs, detached, in place of a skipped
     no-grad pass (NaN placeholders): ratio exactly 1, so the clipped objective's value and gradient
     are those of the old log-probs the pass would have returned (equal, up to float rounding).
-    ``extra_advantages`` (set per micro-batch by :class:`TokenAdvantagesInTraining`) is added to the
-    advantages."""
+    ``with_token_advantages`` (set per micro-batch by :class:`TokenAdvantagesInTraining`) returns the
+    advantages the loss takes, once the policy's forward has run."""
 
     def __init__(self, loss):
         self.loss = loss
-        self.extra_advantages: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self.with_token_advantages: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def __call__(self, log_probs, old_log_probs, advantages, *args, **kwargs):
         if old_log_probs is not None and bool(old_log_probs.isnan().any()):  # padding re-collated as 0
             old_log_probs = log_probs.detach()
-        if self.extra_advantages is not None:
-            advantages = advantages + self.extra_advantages(advantages)
+        if self.with_token_advantages is not None:
+            advantages = self.with_token_advantages(advantages)
         return self.loss(log_probs, old_log_probs, advantages, *args, **kwargs)
 
     def __getattr__(self, name):
@@ -80,7 +80,7 @@ class TokenAdvantagesInTraining:
     (:class:`OldIsCurrent`) adds ``token_advantages(entropy, mask, sign)`` on those rows, exactly
     what the experience maker adds from a no-grad pass's entropies when that pass runs."""
 
-    def __init__(self, trainer, token_advantages: Callable[..., torch.Tensor], name: str = "rl_zvp"):
+    def __init__(self, trainer, token_advantages: Callable[..., torch.Tensor], name: str):
         if not isinstance(trainer.actor, ResponseLogitsActor):
             raise RuntimeError(
                 "token entropies from the training forward need the response-only forward "
@@ -113,7 +113,7 @@ class TokenAdvantagesInTraining:
         mask = experience.action_mask[rows]
         row_sign = sign.to(rows.device)[rows].to(torch.int8)
 
-        def extra(advantages: torch.Tensor) -> torch.Tensor:
+        def with_tokens(advantages: torch.Tensor) -> torch.Tensor:
             if actor.kept_entropy is None:
                 raise RuntimeError("the training forward kept no token entropies (not the response-only path)")
             h = actor.kept_entropy.masked_fill(~mask.bool(), 0.0)
@@ -121,13 +121,13 @@ class TokenAdvantagesInTraining:
             self._sums[0] += float(tokens.abs().sum())
             self._sums[1] += float(h.sum())
             self._sums[2] += float(mask.sum())
-            out = torch.zeros_like(advantages)
-            out[rows] = tokens.to(device=out.device, dtype=out.dtype)
+            out = advantages.clone()
+            out[rows] += tokens.to(device=out.device, dtype=out.dtype)
             return out
 
-        loss.extra_advantages = extra
+        loss.with_token_advantages = with_tokens
         try:
             return self.step(experience, *args, **kwargs)
         finally:
             actor.entropy_rows = actor.kept_entropy = None
-            loss.extra_advantages = None
+            loss.with_token_advantages = None
