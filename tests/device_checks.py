@@ -55,13 +55,13 @@ def every_estimator(device: str) -> dict[str, tuple[torch.Tensor, dict]]:
 def greso_round_trip() -> tuple[dict, dict, torch.Tensor, torch.Tensor]:
     """A GRESO selector with history, its state through ``load_state_dict`` into a fresh one; returns
     both states and both selectors' next draws (equal when the state made it across)."""
-    from avspo_openrlhf.algo import GRESOSelector
+    from avspo_openrlhf.algo import GRESOConfig, GRESOSelector
 
     keys = [f"p{i}" for i in range(5)]
-    a = GRESOSelector(seed=1, p_easy=0.5, p_hard=0.5, audit=0.5)
+    a = GRESOSelector(GRESOConfig(p_easy=0.5, p_hard=0.5, audit=0.5), seed=1)
     for _ in range(3):
         a.select(keys)
         a.observe(keys, torch.tensor(REWARDS, device="cpu"))
-    b = GRESOSelector(seed=99, p_easy=0.5, p_hard=0.5, audit=0.5)  # the same settings, another seed
+    b = GRESOSelector(GRESOConfig(p_easy=0.5, p_hard=0.5, audit=0.5), seed=99)  # the same settings, another seed
     b.load_state_dict(a.state_dict())
     return a.state_dict(), b.state_dict(), torch.stack(a.select(keys)), torch.stack(b.select(keys))

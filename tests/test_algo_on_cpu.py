@@ -9,6 +9,7 @@ import torch
 
 from avspo_openrlhf.algo import (
     VIRTUAL_STRATEGIES,
+    ACRConfig,
     ACRTracker,
     AdaptiveThreshold,
     AVSPOConfig,
@@ -71,7 +72,7 @@ def test_shape_errors():
         collapse_stats(torch.zeros(3, 0))
     with pytest.raises(ValueError, match="unknown estimator"):
         group_advantages(torch.zeros(2, 2), "ppo")
-    with pytest.raises(ValueError, match="unknown virtual strategy"):
+    with pytest.raises(ValueError, match="AVSPOConfig.strategy must be one of .*, got 'nope'"):
         group_advantages(torch.zeros(2, 2), "avspo", AVSPOConfig(strategy="nope"), acr_gate=1.0)
 
 
@@ -296,7 +297,7 @@ def test_default_gate_is_batch_acr():
 
 
 def test_threshold_follows_equation_step_by_step():
-    th = AdaptiveThreshold(tau_init=0.5, eta=0.1, bounds=(0.1, 0.9), ema_decay=0.5)
+    th = AdaptiveThreshold(ACRConfig(tau_init=0.5, eta=0.1, tau_bounds=(0.1, 0.9), reward_ema_decay=0.5))
     out = th.update(acr=0.8, mean_reward=0.2)  # first step: no previous EMA, dJ = 0, no move
     assert out["tau_adapt"] == 0.5 and out["tau_delta_j"] == 0.0
     out = th.update(acr=0.8, mean_reward=0.6)  # ema 0.2 -> 0.4, dJ = +0.2: tau += 0.1 * (0.8 - 0.5)
@@ -308,7 +309,7 @@ def test_threshold_follows_equation_step_by_step():
 
 
 def test_threshold_clips_to_bounds():
-    th = AdaptiveThreshold(tau_init=0.85, eta=1.0, ema_decay=0.0)
+    th = AdaptiveThreshold(ACRConfig(tau_init=0.85, eta=1.0, reward_ema_decay=0.0))
     th.update(acr=1.0, mean_reward=0.0)
     th.update(acr=1.0, mean_reward=1.0)  # dJ > 0: tau -> 0.85 + (1 - 0.85) = 1.0, clipped
     assert th.tau == 0.9
@@ -329,7 +330,7 @@ def feed(tracker, acrs, n=20):
 
 
 def test_tracker_gate_window_and_cumulative():
-    t = ACRTracker(window=3, early_steps=4)
+    t = ACRTracker(ACRConfig(window=3, early_steps=4))
     feed(t, [0.1, 0.2, 0.6])
     assert t.acr_gate == pytest.approx(0.3)
     feed(t, [0.7])
@@ -338,13 +339,13 @@ def test_tracker_gate_window_and_cumulative():
     assert m["acr_cum"] == pytest.approx(0.4) and m["acr_all_wrong_cum"] == pytest.approx(0.4)
     assert m["acr_100"] == pytest.approx(0.4)
     assert m["acr_100_fit_math500_acc"] == pytest.approx(51.4 - 29.6 * 0.4)
-    t2 = ACRTracker(smoothing="ema", ema_decay=0.5)
+    t2 = ACRTracker(ACRConfig(smoothing="ema", ema_decay=0.5))
     feed(t2, [0.0, 1.0])
     assert t2.acr_gate == pytest.approx(0.5)
 
 
 def test_tracker_alarms():
-    t = ACRTracker(stall_patience=50, volatility_window=25)
+    t = ACRTracker(ACRConfig(stall_patience=50, volatility_window=25))
     feed(t, [0.4] * 50)
     assert t.metrics()["alarm/acr_stall"] == 0.0  # 50 steps is not "more than 50"
     feed(t, [0.4])
@@ -373,7 +374,7 @@ def test_state_dicts_round_trip_exactly():
 
     def make():
         return (
-            ACRTracker(window=5, early_steps=30),
+            ACRTracker(ACRConfig(window=5, early_steps=30)),
             AdaptiveThreshold(),
             EntropyCollapseMonitor(patience=3),
             KLDriftMonitor(patience=3),
@@ -468,3 +469,211 @@ def test_every_strategy_matches_cpu_on_cuda(strategy):
     )
     gpu, _ = group_advantages(r.cuda(), "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.6, generator=torch.Generator().manual_seed(2))  # fmt: skip
     assert gpu.device.type == "cuda" and torch.allclose(gpu.cpu(), cpu, atol=2e-6)
+
+
+# ── valid by construction ────────────────────────────────────────────────────────────────────
+
+from dataclasses import fields as _fields  # noqa: E402
+
+from avspo_openrlhf.algo import (  # noqa: E402
+    CollapseController,
+    GRESOConfig,
+    MonitorConfig,
+    NGRPOConfig,
+    OptionError,
+    RLZVPConfig,
+    SignConfig,
+)
+from avspo_openrlhf.algo import GRPOConfig as GroupNorm  # noqa: E402
+
+OPTION_CLASSES = [ACRConfig, AVSPOConfig, NGRPOConfig, RLZVPConfig, SignConfig, GroupNorm, GRESOConfig, MonitorConfig]
+
+
+@pytest.mark.parametrize(
+    "cls, kwargs, message",
+    [
+        (AVSPOConfig, dict(alpha=-1), "AVSPOConfig.alpha must be > 0, got -1"),
+        (
+            AVSPOConfig,
+            dict(strategy="bogus"),
+            "AVSPOConfig.strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'",
+        ),  # fmt: skip
+        (ACRConfig, dict(tau_init=2), "ACRConfig.tau_init must be in [0, 1], got 2"),
+        (ACRConfig, dict(window=0), "ACRConfig.window must be >= 1, got 0"),
+        (NGRPOConfig, dict(num_max=0), "NGRPOConfig.num_max must be >= 1, got 0"),
+        (
+            ACRConfig,
+            dict(tau_init=0.95),
+            "ACRConfig.tau_init must lie within ACRConfig.tau_bounds [0.1, 0.9], got 0.95",
+        ),
+        (ACRConfig, dict(tau_bounds=(0.9, 0.1)), "ACRConfig.tau_bounds must have LO <= HI, got 0.9 > 0.1"),
+        (ACRConfig, dict(reward_range=(1, 1)), "ACRConfig.reward_range needs LO < HI, got 1.0 1.0"),
+        (ACRConfig, dict(reward_range=(1, 0)), "ACRConfig.reward_range needs LO < HI, got 1.0 0.0"),
+        (ACRConfig, dict(tol="0.1"), "ACRConfig.tol must be a finite number, got '0.1'"),
+        (ACRConfig, dict(ema_decay=float("nan")), "ACRConfig.ema_decay must be a finite number, got nan"),
+        (ACRConfig, dict(window=2.5), "ACRConfig.window must be an integer, got 2.5"),
+        (ACRConfig, dict(window=True), "ACRConfig.window must be an integer, got True"),
+        (AVSPOConfig, dict(enable="yes"), "AVSPOConfig.enable must be True or False, got 'yes'"),
+        (
+            AVSPOConfig,
+            dict(num_virtual=2, strategy="opposite"),
+            "AVSPOConfig.num_virtual cannot be combined with AVSPOConfig.strategy opposite",
+        ),  # fmt: skip
+        (
+            GRESOConfig,
+            dict(p_easy=0.99),
+            "GRESOConfig.p_easy must lie within GRESOConfig.p_bounds [0.05, 0.95], got 0.99",
+        ),
+        (GRESOConfig, dict(p_bounds=(0.0, 0.5)), "GRESOConfig.p_bounds must lie in (0, 1), got (0.0, 0.5)"),
+        (
+            MonitorConfig,
+            dict(stop_on_alarm="acr_stall"),
+            "MonitorConfig.stop_on_alarm must be a list of names, got 'acr_stall'",
+        ),  # fmt: skip
+        (
+            MonitorConfig,
+            dict(stop_on_alarm=("stall",)),
+            "MonitorConfig.stop_on_alarm must name only any, acr_stall, acr_volatility, entropy_collapse, kl_drift, got 'stall'",
+        ),  # fmt: skip
+        (MonitorConfig, dict(kl_source=None), "MonitorConfig.kl_source must be set (str), got None"),
+    ],
+)
+def test_each_mistake_is_refused_when_the_config_is_built(cls, kwargs, message):
+    with pytest.raises(OptionError) as e:
+        cls(**kwargs)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert isinstance(e.value, ValueError) and e.value.config == cls.__name__ and e.value.field in kwargs
+
+
+# one value outside each `valid` range of algo/options.py
+OUTSIDE = {">0": [0, -1], ">=0": [-1], ">=1": [0], ">=2": [1], "[0,1]": [-0.5, 1.5], "[0,1)": [1, -0.1],
+           "(0,1]": [0, 1.1], "(0,1)": [0, 1]}  # fmt: skip
+
+
+def _every_field():
+    return [(cls, f) for cls in OPTION_CLASSES for f in _fields(cls)]
+
+
+@pytest.mark.parametrize("cls, f", _every_field(), ids=lambda x: getattr(x, "__name__", None) or x.name)
+def test_every_field_refuses_a_wrong_type_and_a_value_outside_its_range(cls, f):
+    """Each field of each options class: a value of the wrong type, an unknown choice, a number
+    outside its range, a pair with LO > HI are refused in one line naming ``Class.field``."""
+    ann = str(f.type)
+    wrong = 3 if ann.startswith("str") else "x"
+    bad = [wrong]
+    if "choices" in f.metadata and ann.startswith("str"):
+        bad.append("bogus")
+    if ann.startswith(("int", "float")):
+        assert "valid" in f.metadata, f"{cls.__name__}.{f.name}: a number without a valid range"
+        bad += OUTSIDE[f.metadata["valid"]]
+    if ann == "tuple[float, float]":
+        lo, hi = f.default
+        bad += [(hi, lo), (lo,), (lo, "x")]
+    for value in bad:
+        with pytest.raises(OptionError, match=rf"^{cls.__name__}\.{f.name} ") as e:
+            cls(**{f.name: value})
+        assert "\n" not in str(e.value), value
+    cls(**{f.name: f.default})  # the default itself is valid
+
+
+def test_the_valid_values_are_normalised_and_equal():
+    assert AVSPOConfig(alpha=1) == AVSPOConfig(alpha=1.0) and isinstance(AVSPOConfig(alpha=1).alpha, float)
+    assert ACRConfig(tau_bounds=[0.1, 0.9]) == ACRConfig() and MonitorConfig(stop_on_alarm=["any"]).stop_on_alarm == ("any",)  # fmt: skip
+    # the range ends that mean something are accepted
+    ACRConfig(ema_decay=0.0, eta=0.0, tau_bounds=(0.0, 1.0), tau_init=1.0, stall_patience=0, volatility_window=2)
+    AVSPOConfig(r_anchor=1.0, num_virtual=1, eps=0.0, seed=0)
+    GRESOConfig(p_easy=0.05, p_hard=0.95, audit=1.0, min_keep=0.0, delta=0.0)
+
+
+def test_a_registered_virtual_strategy_becomes_a_valid_choice():
+    from avspo_openrlhf.algo import VIRTUAL_STRATEGIES, register_virtual_strategy
+    from avspo_openrlhf.algo.options import STRATEGY_CHOICES
+
+    name = "test_mid_only"
+    with pytest.raises(OptionError, match="strategy must be one of"):
+        AVSPOConfig(strategy=name)
+    try:
+        register_virtual_strategy(name)(VIRTUAL_STRATEGIES["fixed_partial"].fn)
+        assert AVSPOConfig(strategy=name).strategy == name
+    finally:
+        VIRTUAL_STRATEGIES.pop(name, None)
+        if name in STRATEGY_CHOICES:
+            STRATEGY_CHOICES.remove(name)
+
+
+# ── unscored completions (docs/algorithm.md#unscored) ────────────────────────────────────────
+
+
+def test_unscored_completions_are_left_out_of_their_group():
+    nan = float("nan")
+    r = torch.tensor([[nan, 0, 0, 0], [1, 0, 1, nan], [nan] * 4, [1, 1, 0.7, 1], [0.5, nan, nan, nan]])
+    scored = ~torch.isnan(r)
+    scored[3, 2] = False  # a value there is not read either
+    s = collapse_stats(r, scored=scored)
+    # group 0: all-wrong on its 3 scored; 1: mixed; 2: no score (not measured); 3: all-right on 3; 4: one scored, 0.5
+    assert s.collapsed.tolist() == [True, False, False, True, True]
+    assert (s.num_all_wrong, s.num_all_right, s.num_measured, s.num_unscored, s.num_unscored_groups) == (1, 1, 4, 10, 1)
+    assert (s.acr, s.acr_all_wrong, s.acr_all_right, s.acr_other) == (0.75, 0.25, 0.25, 0.25)
+    assert s.acr_unscored == 10 / 20 and s.metrics()["acr_unscored"] == 0.5
+    assert s.group_std[1].item() == pytest.approx(math.sqrt(2 / 9)) and s.mean[1].item() == pytest.approx(2 / 3)
+    assert torch.isnan(s.mean[2]) and s.group_std[2] == 0
+    with pytest.raises(ValueError, match="non-finite scored value"):
+        collapse_stats(r, scored=torch.ones_like(scored))
+    with pytest.raises(ValueError, match="bool mask"):
+        collapse_stats(r, scored=scored.float())
+    nothing = collapse_stats(r[2:3], scored=scored[2:3])  # no score at all: every rate 0, unscored 1
+    assert (nothing.acr, nothing.acr_all_wrong, nothing.acr_unscored) == (0.0, 0.0, 1.0)
+
+
+def test_the_scored_mask_equals_each_group_measured_alone():
+    gen = torch.Generator().manual_seed(7)
+    r = (torch.rand(300, 6, generator=gen) < 0.3).float()
+    scored = torch.rand(300, 6, generator=gen) > 0.25
+    r[~scored] = float("nan")
+    s = collapse_stats(r, scored=scored)
+    ref = [collapse_stats(r[i][scored[i]][None]) if scored[i].any() else None for i in range(300)]
+    assert s.collapsed.tolist() == [x is not None and bool(x.collapsed[0]) for x in ref]
+    assert s.all_wrong.tolist() == [x is not None and bool(x.all_wrong[0]) for x in ref]
+    assert s.all_right.tolist() == [x is not None and bool(x.all_right[0]) for x in ref]
+    full = collapse_stats(torch.nan_to_num(r), scored=torch.ones_like(scored))  # an all-True mask: the plain path
+    plain = collapse_stats(torch.nan_to_num(r))
+    assert torch.equal(full.collapsed, plain.collapsed) and full.metrics() == plain.metrics()
+
+
+def test_the_controller_measures_scored_completions_and_leaves_unscored_groups_to_the_trainer():
+    nan = float("nan")
+    r = torch.tensor([[nan, 0, 0, 0], [1.0, 0, 1, 0]])  # an all-wrong group with an unscored completion
+    c = CollapseController("avspo", acr=ACRConfig(window=1, tau_init=0.1))
+    adv, m = c.step(r, scored=~torch.isnan(r))
+    assert m["acr"] == m["acr_all_wrong"] == 0.5 and m["acr_unscored"] == 1 / 8 and m["acr_gate"] == 0.5
+    assert m["acr_effective"] == 0.5  # the all-wrong group keeps the trainer's (zero) advantages
+    assert torch.isnan(adv[0]).all() and torch.equal(adv[1], torch.tensor([1.0, -1, 1, -1]) * 0.5 / (0.5 + 1e-6))
+    assert m["reward_raw_mean"] == pytest.approx(2 / 7)
+    every = torch.full((2, 4), nan)  # a step without a single score still logs every view
+    _, m = c.step(every, scored=torch.zeros(2, 4, dtype=torch.bool))
+    assert (m["acr"], m["acr_all_wrong"], m["acr_unscored"]) == (0.0, 0.0, 1.0) and c.steps == 2
+
+
+def test_components_take_their_config_object():
+    from avspo_openrlhf.algo import GRESOSelector
+
+    for build, message in [
+        (
+            lambda: CollapseController("avspo", acr={"window": 1}),
+            r"acr must be a config object ACRConfig\(...\), got dict",
+        ),
+        (
+            lambda: CollapseController(monitor={"kl_bound": 0.1}),
+            r"monitor must be a config object MonitorConfig\(...\), got dict",
+        ),
+        (lambda: ACRTracker({"window": 3}), r"config must be a config object ACRConfig\(...\), got dict"),
+        (lambda: AdaptiveThreshold(0.5), r"config must be a config object ACRConfig\(...\), got float"),
+        (
+            lambda: GRESOSelector(GRESOConfig(), acr=GRESOConfig()),
+            r"acr must be a config object ACRConfig\(...\), got GRESOConfig",
+        ),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            build()
+    c = CollapseController("avspo", acr=ACRConfig(window=3, tau_init=0.2, eta=0.5))
+    assert c.tracker.recent.maxlen == 3 and (c.threshold.tau, c.threshold.eta) == (0.2, 0.5)

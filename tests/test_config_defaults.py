@@ -64,16 +64,20 @@ def test_algorithm_defaults_equal_the_options():
 
     ga = defaults(group_advantages)
     assert ga["tau_adapt"] == acr.tau_init and ga["tol"] == acr.tol and ga["reward_range"] == acr.reward_range
-    assert defaults(ACRTracker) == {f: getattr(acr, f) for f in defaults(ACRTracker)}
-    th = defaults(AdaptiveThreshold)
-    assert (th["tau_init"], th["eta"], th["bounds"], th["ema_decay"]) == (
+    # the stateful components take their config object, not a restated list of its fields
+    assert list(inspect.signature(ACRTracker).parameters) == ["config"]
+    assert list(inspect.signature(AdaptiveThreshold).parameters) == ["config"]
+    assert list(inspect.signature(GRESOSelector).parameters) == ["config", "acr", "seed"]
+    tracker, threshold, greso = ACRTracker(), AdaptiveThreshold(), GRESOSelector()
+    assert tracker.recent.maxlen == acr.window and tracker.stall.patience == acr.stall_patience
+    assert (threshold.tau, threshold.eta, threshold.bounds, threshold.ema_decay) == (
         acr.tau_init,
         acr.eta,
         acr.tau_bounds,
         acr.reward_ema_decay,
     )
-    g = defaults(GRESOSelector)
-    assert all(g[f] == getattr(gr, f) for f in ("p_easy", "p_hard", "target_easy", "target_hard", "delta", "p_bounds"))
+    assert greso.p == {"easy": gr.p_easy, "hard": gr.p_hard} and greso.p_bounds == gr.p_bounds
+    assert (greso.delta, greso.min_keep, greso.tol) == (gr.delta, gr.min_keep, acr.tol)
     # every remedy is one registry entry plus one config: its flag group (when it has one) is that config
     from avspo_openrlhf.trainer.config import GROUPS, REMEDIES
 
@@ -129,6 +133,8 @@ def _changed(f: dataclasses.Field, value):
         return next(c for c in f.metadata["choices"] if c != value)
     if f.name == "num_virtual" or f.name == "num_max":
         return 3
+    if f.metadata.get("valid") == "(0,1)":  # a decay: tripled it would leave its range
+        return value / 3
     return value * 3 if value > 1e-4 else value + 1e-3  # a tiny eps tripled is below float32 resolution
 
 
@@ -205,3 +211,32 @@ def test_the_table_says_what_help_says(flag):
     action = next(a for a in parser._actions if flag in a.option_strings)
     row = next(r for r in flag_table().splitlines() if r.startswith(f"| `{flag}` |"))
     assert row.endswith(f"| {action.help.replace('%%', '%')} |")
+
+
+def test_every_flag_group_checks_itself_when_built_and_argparse_offers_the_same_choices():
+    """Every avspo-train group (the algorithm's and the run's) is valid by construction: each field
+    refuses a value of the wrong type, an unknown choice and a number outside its range, in one line
+    naming the field; argparse's choices are the dataclass's own list (one source)."""
+    import argparse
+
+    from avspo_openrlhf.algo.options import OptionError
+    from avspo_openrlhf.trainer.config import FLAGS, GROUPS, add_args
+
+    parser = add_args(argparse.ArgumentParser(add_help=False))
+    outside = {">0": 0, ">=0": -1, ">=1": 0, ">=2": 1, "[0,1]": 1.5, "[0,1)": 1, "(0,1]": 0, "(0,1)": 1}
+    for ns, (_, cls) in GROUPS.items():
+        cls()  # the defaults are valid
+        for f in dataclasses.fields(cls):
+            ann, flag = str(f.type), f"--{ns}.{f.name}"
+            bad = [3 if ann.startswith("str") else "x"]
+            if ann.startswith(("int", "float")):
+                assert "valid" in f.metadata, f"{flag}: a number without a range"
+                bad.append(outside[f.metadata["valid"]])
+            if "choices" in f.metadata and ann.startswith("str"):
+                bad.append("bogus")
+                action = next(a for a in parser._actions if flag in a.option_strings)
+                assert action.choices is f.metadata["choices"], flag
+            for value in bad:
+                with pytest.raises(OptionError, match=rf"^{cls.__name__}\.{f.name} "):
+                    cls(**{f.name: value})
+    assert all("valid" not in kw and "order" not in kw for flags in FLAGS.values() for _, kw in flags)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import FIXTURES, tiny_assets
 
-from avspo_openrlhf.algo import AdaptiveThreshold
+from avspo_openrlhf.algo import ACRConfig, AdaptiveThreshold
 from avspo_openrlhf.cli.console import own_line
 from avspo_openrlhf.cpu.models import model_is_complete
 from avspo_openrlhf.report import read_metrics
@@ -183,7 +183,7 @@ def test_a_small_update_survives_the_sync_in_the_default_precision(assets):
 
 
 def _replay_threshold(rows, tau_init=0.2):
-    th = AdaptiveThreshold(tau_init)
+    th = AdaptiveThreshold(ACRConfig(tau_init=tau_init))
     for r in rows:
         assert th.tau == pytest.approx(r["tau_adapt_used"])
         th.update(r["acr"], r["reward_raw_mean"])

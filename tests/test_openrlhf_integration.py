@@ -53,8 +53,8 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
     [
         (["--avspo.enable", "--algo.advantage.estimator", "rloo"], "group_norm"),
         (["--avspo.enable", "--acr.tau_init", "0.95"], "tau_bounds"),
-        (["--acr.tau_init", "1.5"], "tau_bounds"),  # AVSPO off: the threshold is still built, in an actor
-        (["--acr.tau_bounds", "0.5", "1.5"], "ACR is a rate"),
+        (["--acr.tau_init", "1.5"], "--acr.tau_init must be in [0, 1], got 1.5"),  # AVSPO off: still built, in an actor
+        (["--acr.tau_bounds", "0.5", "1.5"], "--acr.tau_bounds must lie in [0, 1], got (0.5, 1.5)"),  # ACR is a rate
         (["--run.max_steps", "-3"], "--run.max_steps must be >= 1"),
         (["--data.max_len", "8", "--rollout.max_new_tokens", "12"], "leaves no room for a prompt"),
         (["--avspo.enable", "--avspo.alpha", "-1"], "--avspo.alpha must be > 0, got -1.0"),
@@ -305,6 +305,38 @@ def test_nan_reward_is_reported():
         maker.compute_advantages_and_returns(experiences_with_kl(maker, rollout_samples(rewards)))
 
 
+def _with_statuses(samples, timeout: torch.Tensor):
+    """The reward file's one-hot statuses in each sample's info: ``timeout`` ``[N, G]`` bool."""
+    for sample, t in zip(samples, timeout.reshape(-1).tolist(), strict=True):
+        sample.info["verify/timeout"] = torch.tensor([float(t)])
+        sample.info["verify/error"] = torch.tensor([0.0])
+    return samples
+
+
+@pytest.mark.parametrize("avspo", [False, True])
+def test_a_verification_timeout_is_an_unscored_completion(avspo):
+    """docs/algorithm.md#unscored: the mixed group 2 (1 0 1 1 0 0 1 0) whose four 0s are timeouts is
+    all-right on its scored completions (ACR on correctness); OpenRLHF, and the remedy, train on
+    their reward 0 as ever, so on the shaped view (what is trained on) group 2 is mixed."""
+    timeout = torch.zeros(4, 8, dtype=torch.bool)
+    timeout[2] = REWARDS[2] == 0
+    flags = ["--avspo.enable", "--acr.tau_init", "0.3"] if avspo else []
+    args = parse(*flags, "--acr.window", "1")
+    ours = make_maker(args, RemedyExperienceMaker)
+    theirs = make_maker(copy.deepcopy(args), RemoteExperienceMaker)
+    e1 = ours.compute_advantages_and_returns(experiences_with_kl(ours, _with_statuses(rollout_samples(REWARDS), timeout)))  # fmt: skip
+    e2 = theirs.compute_advantages_and_returns(experiences_with_kl(theirs, _with_statuses(rollout_samples(REWARDS), timeout)))  # fmt: skip
+    m = ours.last_metrics
+    assert (m["acr"], m["acr_all_right"], m["acr_all_wrong"], m["acr_unscored"]) == (0.75, 0.5, 0.25, 4 / 32)
+    assert (m["acr_shaped"], m["acr_shaped_all_right"]) == (0.5, 0.25)
+    a, b = sample_advantage(e1).reshape(4, 8), sample_advantage(e2).reshape(4, 8)
+    if avspo:  # the gate (on correctness: 0.75 > 0.3) is open; group 2 gets AVSPO's GRPO on its rewards
+        assert m["gate_open"] == 1.0 and m["acr_gate"] == 0.75 and (a[:2] != 0).all() and m["acr_effective"] == 0.0
+        assert torch.allclose(a[2], (REWARDS[2] - 0.5) / (0.5 + 1e-6), atol=1e-6)
+    else:  # OpenRLHF's numbers untouched
+        assert torch.equal(a, b) and m["acr_effective"] == 0.5
+
+
 # ── trainer state in checkpoints, alarms ──
 
 
@@ -373,7 +405,8 @@ def test_a_checkpoint_written_before_the_rename_resumes_exactly():
     assert t.policy_version == 3 and t.controller.steps == 3
     for batch in old["continuation"]:
         adv, metrics = t.controller.step(torch.tensor(batch["rewards"]))
-        assert adv.tolist() == batch["advantages"] and metrics == batch["metrics"]
+        # the same numbers; acr_unscored (docs/algorithm.md#unscored) is logged since
+        assert adv.tolist() == batch["advantages"] and metrics == {**batch["metrics"], "acr_unscored": 0.0}
 
 
 def test_non_finite_loss_stops_before_the_weights_are_synced(monkeypatch):

@@ -14,6 +14,7 @@ from test_preflight import GOOD, _fails, _flags, _rows
 
 from avspo_openrlhf.algo import (
     CollapseController,
+    GRESOConfig,
     GRESOSelector,
     GRPOConfig,
     NGRPOConfig,
@@ -144,7 +145,7 @@ def test_sign_advantage_closed_form_on_collapsed_groups_and_grpo_elsewhere():
 
 
 def test_greso_never_skips_a_prompt_without_history():
-    g = GRESOSelector(p_easy=0.05, p_hard=0.05, seed=0)
+    g = GRESOSelector(GRESOConfig(p_easy=0.05, p_hard=0.05), seed=0)
     keys = [prompt_key(f"q{i}") for i in range(200)]
     skip, audit = g.select(keys)
     assert not skip.any() and not audit.any() and g.skip_probability(keys).eq(0).all()
@@ -154,7 +155,7 @@ def test_greso_never_skips_a_prompt_without_history():
 
 def test_greso_skips_after_k_collapsed_rounds_with_the_stated_probability():
     p_easy, p_hard = 0.5, 0.3
-    g = GRESOSelector(p_easy=p_easy, p_hard=p_hard, delta=0.0, seed=1)
+    g = GRESOSelector(GRESOConfig(p_easy=p_easy, p_hard=p_hard, delta=0.0), seed=1)
     easy, hard = prompt_key("easy"), prompt_key("hard")
     for k in range(1, 9):
         g.observe([easy, hard], torch.tensor([_group(G), _group(0)]))
@@ -162,7 +163,7 @@ def test_greso_skips_after_k_collapsed_rounds_with_the_stated_probability():
         assert prob[0].item() == pytest.approx(1 - max(p_easy**k, 0.01))
         assert prob[1].item() == pytest.approx(1 - max(p_hard**k, 0.01))
     # the draws follow it: z = 2 all-wrong rounds at p_hard 0.3 -> skipped with probability 0.91
-    g2 = GRESOSelector(p_hard=p_hard, delta=0.0, seed=2)
+    g2 = GRESOSelector(GRESOConfig(p_hard=p_hard, delta=0.0), seed=2)
     keys = [prompt_key(f"h{i}") for i in range(4000)]
     for _ in range(2):
         g2.observe(keys, torch.zeros(len(keys), G))
@@ -178,7 +179,9 @@ def test_greso_skips_after_k_collapsed_rounds_with_the_stated_probability():
 
 
 def test_greso_adapts_p_toward_the_targets_only_once_prompts_come_back():
-    g = GRESOSelector(p_easy=0.5, p_hard=0.5, target_easy=0.25, target_hard=0.25, delta=0.1, p_bounds=(0.3, 0.7))
+    g = GRESOSelector(
+        GRESOConfig(p_easy=0.5, p_hard=0.5, target_easy=0.25, target_hard=0.25, delta=0.1, p_bounds=(0.3, 0.7))
+    )
     first = [prompt_key(f"a{i}") for i in range(4)]
     g.observe(first, torch.tensor([_group(G), _group(G), _group(0), _group(3)]))
     assert g.p == {"easy": 0.5, "hard": 0.5}  # first visits only: nothing can have been skipped yet
@@ -191,7 +194,7 @@ def test_greso_adapts_p_toward_the_targets_only_once_prompts_come_back():
 
 
 def test_greso_audit_counts_false_skips_and_the_state_round_trips():
-    g = GRESOSelector(p_hard=0.05, delta=0.01, audit=0.5, seed=3)
+    g = GRESOSelector(GRESOConfig(p_hard=0.05, delta=0.01, audit=0.5), seed=3)
     keys = [prompt_key(f"p{i}") for i in range(64)]
     g.observe(keys, torch.zeros(64, G))
     g.observe(keys, torch.zeros(64, G))
@@ -203,12 +206,12 @@ def test_greso_audit_counts_false_skips_and_the_state_round_trips():
     assert m["greso/audit_tokens_cum"] == 120
     assert m["greso/skipped_cum"] + m["greso/kept_cum"] == 64
 
-    restored = GRESOSelector(p_hard=0.05, delta=0.01, audit=0.5, seed=99)  # same options, another seed
+    restored = GRESOSelector(GRESOConfig(p_hard=0.05, delta=0.01, audit=0.5), seed=99)  # same options, another seed
     restored.load_state_dict(g.state_dict())
     assert restored.metrics() == pytest.approx(g.metrics(), nan_ok=True)  # audit tokens included
     old = g.state_dict()  # a checkpoint written before the audit-token counter existed
     del old["counts"]["audit_tokens"]
-    legacy = GRESOSelector(p_hard=0.05, delta=0.01, audit=0.5)
+    legacy = GRESOSelector(GRESOConfig(p_hard=0.05, delta=0.01, audit=0.5))
     legacy.load_state_dict(old)
     assert legacy.metrics()["greso/audit_tokens_cum"] == 0
     for _ in range(3):  # the same future: history, p and the random generator all came back
@@ -218,7 +221,7 @@ def test_greso_audit_counts_false_skips_and_the_state_round_trips():
         restored.observe(keys[:5], torch.ones(5, G))
     assert torch.equal(g.skip_probability(keys), restored.skip_probability(keys))
     with pytest.raises(ValueError, match="p_easy"):
-        GRESOSelector(p_easy=0.99)
+        GRESOSelector(GRESOConfig(p_easy=0.99))
 
 
 def test_the_dataloader_state_carries_the_greso_state():
@@ -272,9 +275,23 @@ def test_the_dataloader_state_carries_the_greso_state():
         (["--rl_zvp.enable", "--rl_zvp.alpha", "0"], "--rl_zvp.alpha must be > 0"),
         (["--ngrpo.enable", "--ngrpo.num_max", "0"], "--ngrpo.num_max must be >= 1, got 0"),
         (["--sign.enable", "--sign.eps", "-1"], "--sign.eps must be >= 0"),
-        (["--greso.enable", "--greso.p_easy", "0.99"], "p_easy 0.99 must lie within p_bounds"),
-        (["--greso.enable", "--greso.audit", "2"], "audit must be in [0, 1]"),
+        (
+            ["--greso.enable", "--greso.p_easy", "0.99"],
+            "--greso.p_easy must lie within --greso.p_bounds [0.05, 0.95], got 0.99",
+        ),  # fmt: skip
+        (["--greso.enable", "--greso.audit", "2"], "--greso.audit must be in [0, 1], got 2.0"),
         (["--run.max_generated_tokens", "0"], "--run.max_generated_tokens must be >= 1"),
+        (["--avspo.enable", "--avspo.alpha", "-1"], "--avspo.alpha must be > 0, got -1.0"),
+        (["--acr.tau_init", "2"], "--acr.tau_init must be in [0, 1], got 2.0"),
+        (["--acr.tau_init", "0.95"], "--acr.tau_init must lie within --acr.tau_bounds [0.1, 0.9], got 0.95"),
+        (["--acr.window", "0"], "--acr.window must be >= 1, got 0"),
+        (["--acr.reward_range", "1", "0"], "--acr.reward_range needs LO < HI, got 1.0 0.0"),
+        (
+            ["--avspo.enable", "--avspo.num_virtual", "2", "--avspo.strategy", "opposite"],
+            "--avspo.num_virtual cannot be combined with --avspo.strategy opposite",
+        ),  # fmt: skip
+        (["--monitor.kl_bound", "-0.1"], "--monitor.kl_bound must be >= 0, got -0.1"),
+        (["--buffer.max_staleness", "-1"], "--buffer.max_staleness must be >= 0, got -1"),
     ],
 )
 def test_remedy_flags_fail_in_one_line_before_ray(tmp_path, capsys, extra, message):
@@ -285,13 +302,16 @@ def test_remedy_flags_fail_in_one_line_before_ray(tmp_path, capsys, extra, messa
     assert message in _fails(capsys, [*flags, *extra])
 
 
-def test_a_remedy_that_does_not_run_is_not_checked(tmp_path):
-    """Only the chosen remedy's values are validated: another remedy's flags left at odd values (a
-    shared config file) do not stop an NGRPO run, and its controller reads NGRPO's config alone."""
+def test_a_value_no_run_can_mean_is_refused_even_for_a_remedy_that_does_not_run(tmp_path, capsys):
+    """Valid by construction: every group's config is built (and checks itself) whether or not its
+    remedy runs, so an impossible value in a shared config file is reported, naming its flag; a
+    valid value of another remedy does not stop an NGRPO run, whose controller reads NGRPO's config alone."""
     from avspo_openrlhf.trainer.config import build_controller
 
     flags = _flags(tmp_path, _rows(tmp_path, GOOD))
-    args = run([*flags, "--ngrpo.enable", "--avspo.alpha", "-1", "--rl_zvp.alpha", "0"], dry_run=True)
+    assert "--avspo.alpha must be > 0, got -1.0" in _fails(capsys, [*flags, "--ngrpo.enable", "--avspo.alpha", "-1"])
+    assert "--rl_zvp.alpha must be > 0, got 0.0" in _fails(capsys, [*flags, "--ngrpo.enable", "--rl_zvp.alpha", "0"])
+    args = run([*flags, "--ngrpo.enable", "--avspo.alpha", "0.9", "--rl_zvp.alpha", "0.3"], dry_run=True)
     controller = build_controller(args)
     assert controller.estimator == "ngrpo" and type(controller.config).__name__ == "NGRPOConfig"
 

@@ -284,12 +284,21 @@ def test_acr_reward_func_measures_correctness_while_the_remedy_shapes_the_weight
     assert all(h["acr/gate"] == 0.5 and h["acr/gate_open"] == 0.0 for h in logs)
 
 
+# every group has one completion without a score (None); step 1 ("a", "c") and step 2 ("b", "d") each
+# hold one group whose scored completions are all wrong and one mixed group
+UNSCORED = {"a": (None, 0, 0, 0), "c": (1, None, 0, 1), "b": (0, 0, None, 0), "d": (None, 1, 0, 1)}
+
+
 def sometimes_unscored(completions, pattern, **_):
-    """``correct``, except that the first completion of the mixed group "c" gets no score (``None``)."""
-    return [None if p == "c" and i % G == 0 else float(PATTERNS[p][i % G]) for i, p in enumerate(pattern)]
+    """Rewards with a ``None`` in every group (:data:`UNSCORED`)."""
+    return [None if (v := UNSCORED[p][i % G]) is None else float(v) for i, p in enumerate(pattern)]
 
 
-def test_a_group_with_an_unscored_completion_keeps_trls_advantages_and_stays_out_of_acr(assets):
+def test_a_group_is_collapsed_by_its_scored_completions_and_every_step_logs_acr(assets):
+    """docs/algorithm.md#unscored: an all-wrong group with one unscored completion is all-wrong
+    (``acr/all_wrong`` 0.5 on every step, each of whose groups has an unscored member);
+    ``acr/unscored`` is the share of completions without a score; such groups keep TRL's advantages."""
+
     def trainer(key, **remedy):
         args = acr_trl.GRPOConfig(**{**common(assets, key), **remedy, "save_strategy": "no"})
         tr = Recorder(model=assets["model"], reward_funcs=sometimes_unscored, args=args, train_dataset=assets["data"])
@@ -298,12 +307,42 @@ def test_a_group_with_an_unscored_completion_keeps_trls_advantages_and_stays_out
 
     ours = trainer("unscored_avspo", **remedy_kwargs("avspo-stratified"))
     theirs = trainer("unscored_none")
-    first = ours.advantages[0]  # step 1: all-right group "a", then group "c" with one unscored completion
-    assert torch.isnan(ours.rewards[0][G, 0]) and torch.equal(first[G:], theirs.advantages[0][G:])
-    assert first[G] == 0.0  # TRL's: an unscored completion gets no advantage
-    assert (first[:G] != 0).all()  # the all-right group, alone in ACR (1.0): AVSPO's virtual samples
-    logs = acr_logs(ours)
-    assert logs[0]["acr"] == 1.0 and logs[1]["acr"] == 0.5  # step 2 ("b", "d") fully scored
+    assert torch.isnan(ours.rewards[0][0, 0]) and torch.isnan(ours.rewards[1][2, 0])
+    for mine, trl_adv in zip(ours.advantages, theirs.advantages, strict=True):
+        assert torch.equal(mine, trl_adv)  # no group is fully scored: TRL's own advantages throughout
+    assert ours.advantages[0][0] == 0.0 and ours.advantages[0][G + 1] == 0.0  # TRL's: an unscored completion gets none
+    for tr in (ours, theirs):
+        logs = acr_logs(tr)
+        assert [h["acr/all_wrong"] for h in logs] == [0.5, 0.5] and [h["acr"] for h in logs] == [0.5, 0.5]
+        assert [h["acr/unscored"] for h in logs] == [0.25, 0.25] and [h["acr/all_right"] for h in logs] == [0.0, 0.0]
+    assert [h["acr/gate"] for h in acr_logs(ours)] == [0.5, 0.5] and all(h["acr/remedy_groups"] == 0.0 for h in acr_logs(ours))  # fmt: skip
+
+
+def test_stock_trl_measures_acr_through_the_reward_functions_log_metric(assets):
+    """docs/trl.md's measure-only snippet: TRL's own GRPOConfig and GRPOTrainer (no subclass), the
+    reward function wrapped by measure_acr: every step logs the ACR views, the rewards and TRL's
+    advantages unchanged."""
+    measured = acr_trl.measure_acr(sometimes_unscored, num_generations=G)
+    assert measured.__name__ == "sometimes_unscored"  # TRL names the reward (rewards/<name>) after it
+    args = trl.GRPOConfig(**{**common(assets, "stock"), "save_strategy": "no"})
+    tr = trl.GRPOTrainer(model=assets["model"], reward_funcs=[measured], args=args, train_dataset=assets["data"])
+    tr.train()
+    logs = [rewrite_logs(h) for h in tr.state.log_history if "acr" in h]
+    assert len(logs) == 2 and [h["train/acr/all_wrong"] for h in logs] == [0.5, 0.5]
+    assert all(h["train/acr"] == 0.5 and h["train/acr/unscored"] == 0.25 and h["train/acr/other"] == 0.0 for h in logs)
+    # the rewards pass through: TRL's mean of the scored ones (nanmean), under the function's own name
+    assert [h["train/rewards/sometimes_unscored/mean"] for h in logs] == [pytest.approx(2 / 6), pytest.approx(2 / 6)]
+    for mistake, message in [
+        (1, "num_generations must be an integer >= 2"),
+        (2.0, "num_generations must be an integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            acr_trl.measure_acr(correct, num_generations=mistake)
+    with pytest.raises(ValueError, match=r"acr\['tol'\] must be > 0, got 0"):
+        acr_trl.measure_acr(correct, G, acr={"tol": 0})
+    log = []  # called directly: whole groups of the correctness pattern, None as unscored
+    out = measured(None, pattern=["b"] * G + ["a"] * G, log_metric=lambda k, v: log.append((k, v)))
+    assert out[2] is None and dict(log)["acr/all_wrong"] == 1.0 and dict(log)["acr/unscored"] == 0.25
 
 
 def test_evaluation_logs_eval_acr_and_leaves_the_controller_alone(assets):
@@ -411,22 +450,60 @@ def test_rl_zvp_over_two_iterations_adds_its_token_advantages_once_per_loss(asse
         assert (extra.abs().sum(dim=1) > 0).sum() == (sign != 0).sum() == G  # the all-right group's rows
 
 
+# every mistake of the issue's table (and more) -> the one line GRPOConfig(...) refuses it with, naming
+# the field the TRL user set; all before a model is loaded
+CONFIG_MISTAKES = [
+    (dict(use_avspo=True, virtual_sample_alpha=-1), "virtual_sample_alpha must be > 0, got -1"),
+    (dict(remedy="avspo", remedy_options={"strategy": "bogus"}),
+     "remedy_options['strategy'] must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'"),
+    (dict(acr_threshold_init=2), "acr_threshold_init must be in [0, 1], got 2"),
+    (dict(remedy="sign", remedy_options={"scoop": "all"}), "remedy_options has no option 'scoop'; SignConfig takes scope"),
+    (dict(acr_options={"windw": 3}), "acr_options has no option 'windw'; ACRConfig takes early_steps, "),
+    (dict(monitor_options={"kl_bund": 0.1}), "monitor_options has no option 'kl_bund'"),
+    (dict(remedy="ngrpo", remedy_options='{"num_max": 2'), "remedy_options is not valid JSON: Expecting ',' delimiter"),
+    (dict(acr_options="window=3"), "acr_options is not valid JSON: "),
+    (dict(remedy="sign", virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it"),
+    (dict(virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy=None does not use it"),
+    (dict(acr_options={"window": 0}), "acr_options['window'] must be >= 1, got 0"),
+    (dict(acr_threshold_init=0.95), "acr_threshold_init must lie within acr_options['tau_bounds'] [0.1, 0.9], got 0.95"),
+    (dict(acr_options={"tau_bounds": [0.6, 0.9]}), "acr_threshold_init must lie within acr_options['tau_bounds'] [0.6, 0.9], got 0.5"),
+    (dict(acr_options={"tau_init": 0.3}), "set acr_threshold_init, not acr_options['tau_init']"),
+    (dict(remedy="avspo", remedy_options={"alpha": 0.3}), "set virtual_sample_alpha, not remedy_options['alpha']"),
+    (dict(remedy="avspo", remedy_options={"eps": 1e-3}), "remedy_options['eps'] cannot be set: it follows the framework's GRPO (eps=0.0001), got 0.001"),
+    (dict(remedy="avspo", remedy_options={"num_virtual": 2, "strategy": "opposite"}),
+     "remedy_options['num_virtual'] cannot be combined with remedy_options['strategy'] opposite"),
+    (dict(remedy="avspo", remedy_options={"r_anchor": "0.2"}), "remedy_options['r_anchor'] must be a finite number, got '0.2'"),
+    (dict(remedy="ngrpo", remedy_options={"num_max": 0}), "remedy_options['num_max'] must be >= 1, got 0"),
+    (dict(remedy="ngrpo", remedy_options={"enable": True}), "remedy_options has no option 'enable'"),
+    (dict(remedy="grpo", remedy_options={"x": 1}), "remedy_options has no option 'x'; this remedy takes none"),
+    (dict(remedy_options={"strategy": "opposite"}), "remedy_options has option(s) 'strategy'; measuring only (no remedy) takes none"),
+    (dict(monitor_options={"kl_bound": -1}), "monitor_options['kl_bound'] must be >= 0, got -1"),
+    (dict(acr_options=[1]), "acr_options must be a dict or a JSON object string, got list"),
+    (dict(remedy="avpso"), "unknown remedy 'avpso'"),
+    (dict(use_avspo=True, remedy="sign"), "use_avspo=True and remedy='sign' choose two remedies"),
+    (dict(remedy="avspo", scale_rewards="batch"), "remedy 'avspo' normalises per group as TRL's scale_rewards='group' does; got scale_rewards='batch'"),
+    (dict(remedy="avspo", scale_rewards="none"), "remedy 'avspo' normalises per group as TRL's scale_rewards='group' does; got scale_rewards='none'"),  # none: dr_grpo only
+    (dict(remedy="sign", multi_objective_aggregation="normalize_then_sum"), "remedy 'sign' needs multi_objective_aggregation='sum_then_normalize', got 'normalize_then_sum'"),
+    (dict(remedy="rl_zvp", use_liger_kernel=True), "remedy 'rl_zvp' needs TRL's own loss (its token entropies); use_liger_kernel bypasses it"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("config, message", CONFIG_MISTAKES, ids=[str(i) for i in range(len(CONFIG_MISTAKES))])
+def test_every_mistake_is_refused_when_the_grpo_config_is_built(assets, config, message):
+    with pytest.raises(ValueError) as e:
+        acr_trl.GRPOConfig(**config, **common(assets, "bad"))
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
 def test_bad_setups_fail_in_one_line(assets):
     kw = common(assets, "bad")
-    with pytest.raises(ValueError, match="unknown remedy"):
-        acr_trl.GRPOConfig(remedy="avpso", **kw)
-    with pytest.raises(ValueError, match="choose two remedies"):
-        acr_trl.GRPOConfig(use_avspo=True, remedy="sign", **kw)
     assert acr_trl.GRPOConfig(remedy="ngrpo", remedy_options='{"num_max": 2}', **kw).remedy_options == {"num_max": 2}
-    for config, match in [
-        (dict(remedy="avspo", scale_rewards="batch"), "scale_rewards"),
-        (dict(remedy="avspo", scale_rewards="none"), "scale_rewards"),  # none: dr_grpo only
-        (dict(remedy="avspo", remedy_options={"eps": 1e-3}), "follow the framework's GRPO"),
-        (dict(remedy="sign", remedy_options={"scoop": "all"}), "has no option"),
-        (dict(acr_reward_func="accuracy"), "is not a reward function"),
-    ]:
-        with pytest.raises(ValueError, match=match):
-            Recorder(model=assets["model"], reward_funcs=correct, args=acr_trl.GRPOConfig(**config, **kw), train_dataset=assets["data"])  # fmt: skip
+    ok = acr_trl.GRPOConfig(remedy="avspo", acr_threshold_init=1, virtual_sample_alpha=2, acr_options={"tau_bounds": [0, 1]}, **kw)  # fmt: skip
+    assert (
+        ok.acr_threshold_init == 1 and acr_trl._configs(ok)[2].tau_init == 1.0 and acr_trl._configs(ok)[1].alpha == 2.0
+    )
+    with pytest.raises(ValueError, match="is not a reward function"):  # what only the trainer knows
+        Recorder(model=assets["model"], reward_funcs=correct, args=acr_trl.GRPOConfig(acr_reward_func="accuracy", **kw), train_dataset=assets["data"])  # fmt: skip
 
 
 # private TRL/transformers names the integration overrides or reads -> why

@@ -26,7 +26,7 @@ from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: E402
 
-from avspo_openrlhf.algo import ESTIMATORS, group_advantages, num_virtual  # noqa: E402
+from avspo_openrlhf.algo import ESTIMATORS, AVSPOConfig, group_advantages, num_virtual  # noqa: E402
 from avspo_openrlhf.algo.options import STRATEGIES  # noqa: E402
 from avspo_openrlhf.integrations import verl as plugin  # noqa: E402
 
@@ -154,10 +154,60 @@ def test_bad_setups_fail_in_one_line():
         batch, _ = data(REWARDS)
         batch.non_tensor_batch["uid"][0] = "a-prompt-alone"
         compute_advantage(batch, adv_estimator="acr_sign", config=algorithm("acr_sign"))
-    with pytest.raises(ValueError, match="has no option"):
-        advantages(algorithm("acr_avspo", avspo={"alpah": 1.0}))
-    with pytest.raises(ValueError, match="follow the framework's GRPO"):
-        advantages(algorithm("acr_avspo", avspo={"eps": 1e-3}))
+
+
+# a mistake in an option section -> the one line that refuses it at the run's first use (before any
+# advantage is computed), naming the option as the verl user set it
+SECTION_MISTAKES = [
+    ("acr_avspo", {"avspo": {"alpha": -1}}, "algorithm.avspo.alpha must be > 0, got -1"),
+    ("acr_avspo", {"avspo": {"strategy": "bogus"}}, "algorithm.avspo.strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'"),
+    ("acr_avspo", {"avspo": {"alpah": 1.0}}, "algorithm.avspo has no option 'alpah'; AVSPOConfig takes alpha, "),
+    ("acr_avspo", {"avspo": {"eps": 1e-3}}, "algorithm.avspo.eps cannot be set: it follows the framework's GRPO (eps=1e-06), got 0.001"),
+    ("acr_avspo", {"avspo": {"num_virtual": 2, "strategy": "opposite"}}, "algorithm.avspo.num_virtual cannot be combined with algorithm.avspo.strategy opposite"),
+    ("acr_grpo", {"acr": {"tau_init": 2}}, "algorithm.acr.tau_init must be in [0, 1], got 2"),
+    ("acr_grpo", {"acr": {"window": 0}}, "algorithm.acr.window must be >= 1, got 0"),
+    ("acr_grpo", {"acr": {"tau_bounds": [0.6, 0.9]}}, "algorithm.acr.tau_init must lie within algorithm.acr.tau_bounds [0.6, 0.9], got 0.5"),
+    ("acr_grpo", {"acr": {"windw": 3}}, "algorithm.acr has no option 'windw'"),
+    ("acr_grpo", {"acr": {"seed": -1}}, "algorithm.acr.seed must be an integer >= 0, got -1"),
+    ("acr_sign", {"sign": {"scope": "some"}}, "algorithm.sign.scope must be one of collapsed, all, got 'some'"),
+    ("acr_ngrpo", {"ngrpo": {"num_max": 0}}, "algorithm.ngrpo.num_max must be >= 1, got 0"),
+    ("acr_ngrpo", {"ngrpo": {"gated": "yes"}}, "algorithm.ngrpo.gated must be True or False, got 'yes'"),
+    ("acr_sign", {"monitor": {"kl_bound": -1}}, "algorithm.monitor.kl_bound must be >= 0, got -1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("estimator, sections, message", SECTION_MISTAKES, ids=[str(i) for i in range(len(SECTION_MISTAKES))])  # fmt: skip
+def test_every_section_mistake_is_refused_at_the_first_use_naming_the_option(estimator, sections, message):
+    cfg = algorithm(estimator, **sections)
+    for call in (lambda: plugin.check_config(cfg), lambda: advantages(cfg)):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+    assert plugin.controller_of(cfg) is None  # refused before a controller existed
+    plugin.check_config(algorithm("grpo", acr={"window": 0}))  # verl's own estimator: our sections unused
+
+
+def test_a_nan_score_is_an_unscored_completion():
+    """docs/algorithm.md#unscored: a NaN score marks a completion without one: its group is judged on
+    its scored completions (the all-wrong group stays all-wrong) and keeps verl's own advantages."""
+    nan = float("nan")
+    rewards = torch.tensor([[1.0, 1, 1, 1], [nan, 0, 0, 0], [1, 0, 0, 1], [0, 1, 1, nan]])
+    cfg = algorithm("acr_avspo", acr={"tau_init": 0.3})
+    batch, perm = data(rewards)
+    out = compute_advantage(batch, adv_estimator="acr_avspo", config=cfg, norm_adv_by_std_in_grpo=True)
+    theirs = compute_advantage(data(rewards)[0], adv_estimator="grpo", config=algorithm("grpo"), norm_adv_by_std_in_grpo=True)  # fmt: skip
+    m = plugin.acr_metrics(cfg)
+    assert (m["acr"], m["acr/all_wrong"], m["acr/all_right"], m["acr/unscored"]) == (0.5, 0.25, 0.25, 2 / 16)
+    full = [0, 2]  # the fully scored groups: AVSPO at the gate the batch opened (0.5 > 0.3)
+    cf = AVSPOConfig(std_convention="unbiased", eps=1e-6)
+    expected, _ = group_advantages(rewards[full], "avspo", cf, acr_gate=0.5, tau_adapt=0.3)
+    grid = torch.full((4, 4), nan)
+    grid[full] = expected
+    adv, mask = out.batch["advantages"], out.batch["response_mask"]
+    rows = torch.isin(perm // 4, torch.tensor(full))
+    assert torch.allclose(adv[rows], (grid.reshape(-1)[perm][:, None] * mask)[rows], atol=1e-6)
+    assert torch.equal(adv[~rows].isnan(), theirs.batch["advantages"][~rows].isnan())  # verl's own there
+    assert m["acr/remedy_groups"] == 0.25  # the all-right group only
 
 
 def _registered(env: dict[str, str]) -> list[str]:

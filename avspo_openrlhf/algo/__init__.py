@@ -51,6 +51,7 @@ from .options import (
     GRPOConfig,
     MonitorConfig,
     NGRPOConfig,
+    OptionError,
     RLZVPConfig,
     SignConfig,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "KLDriftMonitor",
     "MonitorConfig",
     "NGRPOConfig",
+    "OptionError",
     "RLZVPConfig",
     "STD_CONVENTIONS",
     "SignConfig",

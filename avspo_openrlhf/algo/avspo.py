@@ -12,7 +12,7 @@ import torch
 
 from .advantages import GroupContext, augmented_group_stats, grpo_affine, register_estimator
 from .collapse import CollapseStats
-from .options import FIX_GROUPS, STD_CONVENTIONS, AVSPOConfig
+from .options import STD_CONVENTIONS, AVSPOConfig
 from .virtual import coef_moments, get_strategy, num_virtual
 
 
@@ -33,17 +33,8 @@ def _canonical_advantages(strategy, g, k, lo, hi, r_anchor, gamma, correction, e
     return tuple(((canon - m) / (s + eps)).tolist()), tuple((s_pop < tol).tolist())
 
 
-def _check(cfg: AVSPOConfig) -> None:
-    if cfg.fix_groups not in FIX_GROUPS:
-        raise ValueError(f"fix_groups must be one of {FIX_GROUPS}, got {cfg.fix_groups!r}")
-    k = cfg.num_virtual
-    if k is not None and (int(k) != k or k < 1):
-        raise ValueError(f"num_virtual must be a positive integer or None, got {k!r}")
-
-
 @register_estimator("avspo", AVSPOConfig)
 def _avspo(stats: CollapseStats, cfg: AVSPOConfig, ctx: GroupContext):
-    _check(cfg)
     g = stats.group_size
     strat = get_strategy(cfg.strategy)
     scale, offset = grpo_affine(stats, cfg.std_convention, cfg.eps)  # gate closed: bit-for-bit GRPO

@@ -17,8 +17,16 @@ import torch
 from .advantages import default_config, get_estimator, group_advantages
 from .collapse import collapse_stats
 from .monitors import ACRTracker, EntropyCollapseMonitor, KLDriftMonitor
-from .options import ACRConfig, MonitorConfig
+from .options import ACRConfig, MonitorConfig, config_of
 from .threshold import AdaptiveThreshold
+
+
+def _scored_mean(rewards: torch.Tensor, scored: torch.Tensor | None) -> float:
+    """Mean reward over the scored completions (0.0 when there is none)."""
+    if scored is None:
+        return float(rewards.mean()) if rewards.numel() else 0.0
+    n = int(scored.sum())
+    return float(torch.where(scored, rewards, torch.zeros_like(rewards)).sum()) / n if n else 0.0
 
 
 class CollapseController:
@@ -45,9 +53,7 @@ class CollapseController:
         monitor: MonitorConfig | None = None,
         seed: int = 0,
     ):
-        acr, monitor = acr or ACRConfig(), monitor or MonitorConfig()
-        if acr.gate_view not in ("raw", "shaped"):
-            raise ValueError(f"gate_view must be 'raw' or 'shaped', got {acr.gate_view!r}")
+        acr, monitor = config_of(ACRConfig, acr, "acr"), config_of(MonitorConfig, monitor, "monitor")
         self.estimator = estimator
         self._entry = get_estimator(estimator) if estimator is not None else None
         if config is not None and estimator is None:
@@ -58,12 +64,8 @@ class CollapseController:
         self.config = config if config is not None else (default_config(estimator) if estimator else None)
         self.acr = acr
         self.tol, self.reward_range = float(acr.tol), (float(acr.reward_range[0]), float(acr.reward_range[1]))
-        self.tracker = ACRTracker(
-            smoothing=acr.smoothing, window=acr.window, ema_decay=acr.ema_decay, early_steps=acr.early_steps,
-            stall_threshold=acr.stall_threshold, stall_patience=acr.stall_patience,
-            volatility_window=acr.volatility_window, volatility_threshold=acr.volatility_threshold,
-        )  # fmt: skip
-        self.threshold = AdaptiveThreshold(acr.tau_init, acr.eta, tuple(acr.tau_bounds), acr.reward_ema_decay)
+        self.tracker = ACRTracker(acr)
+        self.threshold = AdaptiveThreshold(acr)
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
         self.entropy = (
             EntropyCollapseMonitor(monitor.entropy_threshold, monitor.entropy_patience)
@@ -91,9 +93,18 @@ class CollapseController:
         return self._entry.token_fn(entropy, mask, sign, self.config)
 
     def step(
-        self, raw: torch.Tensor, shaped: torch.Tensor | None = None
+        self, raw: torch.Tensor, shaped: torch.Tensor | None = None, scored: torch.Tensor | None = None
     ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """One batch: ``raw``/``shaped`` are ``[N, G]`` (``shaped=None``: same as raw).
+
+        ``scored`` (``[N, G]`` bool, docs/algorithm.md#unscored): False for a completion the raw view
+        (correctness) has no score for; its raw value is not read. ACR is measured on each group's
+        scored completions (``acr_unscored``: the share of completions without a score). The shaped
+        view holds what the trainer trains on: there a completion counts wherever it is scored or
+        its shaped reward is a number (OpenRLHF trains on 0 for a verifier timeout), and the
+        estimator runs on the groups whose shaped rewards are all numbers; the rows of the others
+        (a NaN: TRL's unscored, verl's) are NaN, and the trainer keeps its own advantages there.
+        ``scored=None``: every reward is a score (NaN/Inf raise).
 
         Returns ``(advantages [N, G] or None, metrics)``; advantages are for the real samples of
         the shaped rewards (``None`` when no estimator is set).
@@ -101,38 +112,57 @@ class CollapseController:
         shaped = raw if shaped is None else shaped
         if raw.shape != shaped.shape:
             raise ValueError(f"raw {tuple(raw.shape)} and shaped {tuple(shaped.shape)} rewards differ in shape")
-        raw_stats = collapse_stats(raw, self.tol, self.reward_range)
-        shaped_stats = raw_stats if shaped is raw else collapse_stats(shaped, self.tol, self.reward_range)
-        gate_stats, gate_rewards = (raw_stats, raw) if self.acr.gate_view == "raw" else (shaped_stats, shaped)
+        shaped_scored = None
+        if scored is not None:
+            scored = scored.to(raw.device)
+            shaped_scored = scored if shaped is raw else scored | torch.isfinite(shaped)
+            # every completion scored: the plain (faster) path, whose finiteness check still applies
+            scored = None if bool(scored.all()) else scored
+            shaped_scored = None if bool(shaped_scored.all()) else shaped_scored
+        raw_stats = collapse_stats(raw, self.tol, self.reward_range, scored)
+        shaped_stats = (
+            raw_stats if shaped is raw else collapse_stats(shaped, self.tol, self.reward_range, shaped_scored)
+        )
+        gate_stats, gate_rewards, gate_scored = (
+            (raw_stats, raw, scored) if self.acr.gate_view == "raw" else (shaped_stats, shaped, shaped_scored)
+        )
         self.tracker.observe(gate_stats)
 
         metrics = raw_stats.metrics()
-        metrics.update({k.replace("acr", "acr_shaped", 1): v for k, v in shaped_stats.metrics().items()})
+        metrics.update({k.replace("acr", "acr_shaped", 1): v for k, v in shaped_stats.metrics().items()
+                        if k != "acr_unscored"})  # fmt: skip
         metrics["frac_reward_zero_std"] = shaped_stats.acr  # TRL's name for the same quantity
-        metrics["reward_raw_mean"] = float(raw.mean()) if raw.numel() else 0.0
+        metrics["reward_raw_mean"] = _scored_mean(raw, scored)
 
         adv = None
         num_effective = shaped_stats.num_collapsed  # the trainer's GRPO zeroes every collapsed group
         if self.enable:
-            adv, info = group_advantages(
-                shaped, self.estimator, self.config, tol=self.tol, reward_range=self.reward_range,
+            full = None if shaped_scored is None else shaped_scored.all(dim=1)
+            rows = shaped if full is None else shaped[full]
+            ours, info = group_advantages(
+                rows, self.estimator, self.config, tol=self.tol, reward_range=self.reward_range,
                 acr_gate=self.tracker.acr_gate, tau_adapt=self.threshold.tau, generator=self.generator,
             )  # fmt: skip
-            num_effective = round(info["acr_effective"] * shaped_stats.num_groups)
+            num_effective = round(info["acr_effective"] * rows.shape[0])
+            if full is None:
+                adv = ours
+            else:  # the groups with an unscored completion keep the trainer's advantages (NaN here)
+                adv = torch.full_like(shaped, float("nan"))
+                adv[full] = ours.to(adv.dtype)
+                num_effective += int(shaped_stats.collapsed[~full].sum())
             if "gate_open" in info:
                 metrics["gate_open"] = float(info["gate_open"])
             if "num_virtual" in info:
-                nc = shaped_stats.num_collapsed
+                nc = int(info["stats"].num_collapsed) if "stats" in info else shaped_stats.num_collapsed
                 metrics.update(
                     num_virtual_k=float(info["num_virtual_k"]),
                     num_virtual_per_collapsed=float(info["num_virtual"].sum()) / nc if nc else 0.0,
                 )
             metrics["tau_adapt_used"] = self.threshold.tau
-            metrics.update(
-                self.threshold.update(gate_stats.acr, float(gate_rewards.mean()) if gate_rewards.numel() else 0.0)
-            )
+            metrics.update(self.threshold.update(gate_stats.acr, _scored_mean(gate_rewards, gate_scored)))
         self.tracker.record_effective(num_effective)
-        metrics["acr_effective"] = num_effective / shaped_stats.num_groups if shaped_stats.num_groups else 0.0
+        measured = shaped_stats.num_measured
+        metrics["acr_effective"] = num_effective / measured if measured else 0.0
         metrics.update(self.tracker.metrics())
         self.steps += 1
         return adv, metrics

@@ -24,8 +24,8 @@ import hashlib
 
 import torch
 
-from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, collapse_stats
-from .options import GRESOConfig as _G
+from .collapse import collapse_stats
+from .options import ACRConfig, GRESOConfig, config_of
 
 MIXED, EASY, HARD = 0, 1, 2
 
@@ -39,47 +39,28 @@ class GRESOSelector:
     """Pre-rollout skipping from per-prompt reward history.
 
     Args:
-        p_easy, p_hard: initial base keep-probabilities (the paper's 0.5, 0.5).
-        target_easy, target_hard: target shares of all-right / all-wrong groups among the prompts
-            rolled out in a step (the paper's 1/12, 1/6).
-        delta: step of the p adaptation per training step (0.01).
-        p_bounds: clip range of p (0.05, 0.95).
-        min_keep: floor of the keep probability p ** z (0.01).
-        audit: fraction of skipped prompts rolled out anyway to measure false skips (0: none).
-        seed: seeds the skip and audit draws.
-        tol, reward_range: collapse test (see ``collapse_stats``).
+        config: the :class:`GRESOConfig`: ``p_easy``, ``p_hard`` (initial base keep-probabilities, the
+            paper's 0.5, 0.5), ``target_easy``, ``target_hard`` (target shares of all-right / all-wrong
+            groups among the prompts rolled out in a step, the paper's 1/12, 1/6), ``delta`` (step of
+            the p adaptation per training step), ``p_bounds`` (clip range of p), ``min_keep`` (floor
+            of the keep probability p ** z), ``audit`` (fraction of skipped prompts rolled out anyway
+            to measure false skips) and ``seed`` (the skip and audit draws; ``None``: ``seed``).
+        acr: the :class:`ACRConfig` whose ``tol`` and ``reward_range`` give the collapse test.
+        seed: seeds the draws when ``config.seed`` is ``None``.
     """
 
-    def __init__(
-        self,
-        p_easy: float = _G.p_easy,
-        p_hard: float = _G.p_hard,
-        target_easy: float = _G.target_easy,
-        target_hard: float = _G.target_hard,
-        delta: float = _G.delta,
-        p_bounds: tuple[float, float] = _G.p_bounds,
-        min_keep: float = _G.min_keep,
-        audit: float = _G.audit,
-        seed: int = 0,
-        tol: float = DEFAULT_TOL,
-        reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
-    ):
-        lo, hi = p_bounds
-        if not 0 < lo <= hi < 1:
-            raise ValueError(f"p_bounds must satisfy 0 < lo <= hi < 1, got {p_bounds}")
-        for name, v in [("p_easy", p_easy), ("p_hard", p_hard)]:
-            if not lo <= v <= hi:
-                raise ValueError(f"{name} {v} must lie within p_bounds {p_bounds}")
-        for name, v in [("target_easy", target_easy), ("target_hard", target_hard), ("min_keep", min_keep),
-                        ("audit", audit)]:  # fmt: skip
-            if not 0 <= v <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
-        if delta < 0:
-            raise ValueError(f"delta must be >= 0, got {delta}")
-        self.p = {"easy": float(p_easy), "hard": float(p_hard)}
-        self.target = {"easy": float(target_easy), "hard": float(target_hard)}
-        self.delta, self.p_bounds, self.min_keep, self.audit = float(delta), (lo, hi), float(min_keep), float(audit)
-        self.tol, self.reward_range = float(tol), tuple(reward_range)
+    def __init__(self, config: GRESOConfig | None = None, *, acr: ACRConfig | None = None, seed: int = 0):
+        c, acr = config_of(GRESOConfig, config, "config"), config_of(ACRConfig, acr, "acr")
+        self.p = {"easy": float(c.p_easy), "hard": float(c.p_hard)}
+        self.target = {"easy": float(c.target_easy), "hard": float(c.target_hard)}
+        self.delta, self.p_bounds, self.min_keep, self.audit = (
+            float(c.delta),
+            tuple(c.p_bounds),
+            float(c.min_keep),
+            float(c.audit),
+        )
+        self.tol, self.reward_range = float(acr.tol), tuple(acr.reward_range)
+        seed = c.seed if c.seed is not None else seed
         self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
         self.index: dict[str, int] = {}
         # the history and the generator live on the CPU whatever torch's default device is

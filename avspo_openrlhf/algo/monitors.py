@@ -10,7 +10,7 @@ from collections import deque
 from typing import Any
 
 from .collapse import CollapseStats
-from .options import ACRConfig, MonitorConfig
+from .options import ACRConfig, MonitorConfig, config_of
 from .threshold import _check_finite
 
 # Paper's fit over 245 Qwen2.5 runs on MATH: final MATH-500 accuracy (%) = 51.4 - 29.6 * ACR_100
@@ -83,37 +83,22 @@ class ACRTracker:
     """Per-step ACR bookkeeping: the smoothed gate input, cumulative rates, ACR_100 and alarms.
 
     Args:
-        smoothing: ``window`` (mean of the last ``window`` batch ACRs, default) or ``ema``.
-            With few groups per step a batch ACR is nearly 0 or 1, so the gate needs smoothing;
-            with many groups per step ``window=1`` uses the batch's own ACR.
-        window: window length for ``smoothing="window"`` (paper default 25).
-        ema_decay: decay for ``smoothing="ema"``.
-        early_steps: steps averaged into ACR_100 (100).
-        stall_threshold, stall_patience: "ACR > 0.35 for more than 50 consecutive steps".
-        volatility_window, volatility_threshold: "std of ACR over 25 steps > 0.15".
+        config: the :class:`ACRConfig` whose ``smoothing`` (``window``: mean of the last ``window``
+            batch ACRs; ``ema``: an EMA with ``ema_decay``), ``early_steps`` (ACR_100),
+            ``stall_threshold``/``stall_patience`` ("ACR > 0.35 for more than 50 consecutive steps")
+            and ``volatility_window``/``volatility_threshold`` ("std of ACR over 25 steps > 0.15")
+            it follows (valid by construction). With few groups per step a batch ACR is nearly 0 or
+            1, so the gate needs smoothing; with many groups per step ``window=1`` uses the batch's own ACR.
     """
 
-    def __init__(
-        self,
-        smoothing: str = ACRConfig.smoothing,
-        window: int = ACRConfig.window,
-        ema_decay: float = ACRConfig.ema_decay,
-        early_steps: int = ACRConfig.early_steps,
-        stall_threshold: float = ACRConfig.stall_threshold,
-        stall_patience: int = ACRConfig.stall_patience,
-        volatility_window: int = ACRConfig.volatility_window,
-        volatility_threshold: float = ACRConfig.volatility_threshold,
-    ):
-        if smoothing not in ("window", "ema"):
-            raise ValueError(f"smoothing must be 'window' or 'ema', got {smoothing!r}")
-        if window < 1 or volatility_window < 2 or early_steps < 1:
-            raise ValueError("window >= 1, volatility_window >= 2 and early_steps >= 1 are required")
-        self.smoothing, self.ema_decay, self.early_steps = smoothing, float(ema_decay), int(early_steps)
-        self.volatility_threshold = float(volatility_threshold)
-        self.recent: deque[float] = deque(maxlen=window)
-        self.vol_recent: deque[float] = deque(maxlen=volatility_window)
+    def __init__(self, config: ACRConfig | None = None):
+        c = config_of(ACRConfig, config, "config")
+        self.smoothing, self.ema_decay, self.early_steps = c.smoothing, float(c.ema_decay), int(c.early_steps)
+        self.volatility_threshold = float(c.volatility_threshold)
+        self.recent: deque[float] = deque(maxlen=c.window)
+        self.vol_recent: deque[float] = deque(maxlen=c.volatility_window)
         self.ema: float | None = None
-        self.stall = ConsecutiveAlarm("acr", stall_threshold, stall_patience, below=False)
+        self.stall = ConsecutiveAlarm("acr", c.stall_threshold, c.stall_patience, below=False)
         self.steps = 0
         self.early_sum = 0.0
         # group-weighted cumulative counts: [groups, collapsed, all_wrong, all_right, effective]
@@ -142,7 +127,7 @@ class ACRTracker:
             self.early_sum += acr
         self.steps += 1
         self.stall.update(acr)
-        for i, c in enumerate((stats.num_groups, stats.num_collapsed, stats.num_all_wrong, stats.num_all_right)):
+        for i, c in enumerate((stats.num_measured, stats.num_collapsed, stats.num_all_wrong, stats.num_all_right)):
             self.totals[i] += c
 
     def record_effective(self, num_effective_collapsed: int) -> None:

@@ -14,8 +14,6 @@ from .options import STD_CONVENTIONS, NGRPOConfig
 @register_estimator("ngrpo", NGRPOConfig)
 def _ngrpo(stats: CollapseStats, cfg: NGRPOConfig, ctx: GroupContext):
     m = cfg.num_max
-    if int(m) != m or m < 1:
-        raise ValueError(f"num_max must be a positive integer, got {m!r}")
     num_groups = stats.mean.shape[0]
     if cfg.gated and not ctx.acr_gate > ctx.tau_adapt:  # [option] only while the ACR gate is open
         scale, offset = grpo_affine(stats, cfg.std_convention, cfg.eps)

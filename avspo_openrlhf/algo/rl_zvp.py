@@ -67,7 +67,5 @@ def _token_fn(entropy: torch.Tensor, mask: torch.Tensor, sign: torch.Tensor, cfg
 
 @register_estimator("rl_zvp", RLZVPConfig, token_fn=_token_fn)
 def _rl_zvp(stats: CollapseStats, cfg: RLZVPConfig, ctx: GroupContext):
-    if not cfg.alpha > 0:
-        raise ValueError(f"alpha must be > 0, got {cfg.alpha}")
     # every collapsed group gets entropy-shaped token advantages: none stays without signal
     return *grpo_affine(stats, cfg.std_convention, cfg.eps), {"num_effective_collapsed": 0}

@@ -18,8 +18,6 @@ from .options import SignConfig
 
 @register_estimator("sign", SignConfig)
 def _sign(stats: CollapseStats, cfg: SignConfig, ctx: GroupContext):
-    if cfg.scope not in ("collapsed", "all"):
-        raise ValueError(f"scope must be 'collapsed' or 'all', got {cfg.scope!r}")
     lo, hi = ctx.reward_range
     a, b = 2.0 / (hi - lo), -(hi + lo) / (hi - lo)
     if cfg.scope == "all":

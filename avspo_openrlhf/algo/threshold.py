@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .options import ACRConfig
+from .options import ACRConfig, config_of
 
 
 def _check_finite(name: str, value: float) -> float:
@@ -29,26 +29,16 @@ class AdaptiveThreshold:
     """Small state object; call :meth:`update` once per training step, after the advantages.
 
     Args:
-        tau_init: tau_adapt(0) (paper: 0.5).
-        eta: step size (paper: 0.01).
-        bounds: clip range (paper: 0.1, 0.9).
-        ema_decay: EMA of the mean reward whose change gives dJ (0 = raw change).
+        config: the :class:`ACRConfig` whose ``tau_init`` (tau_adapt(0), paper: 0.5), ``eta`` (step
+            size, paper: 0.01), ``tau_bounds`` (clip range, paper: 0.1, 0.9) and ``reward_ema_decay``
+            (EMA of the mean reward whose change gives dJ; 0 = raw change) it follows.
     """
 
-    def __init__(
-        self,
-        tau_init: float = ACRConfig.tau_init,
-        eta: float = ACRConfig.eta,
-        bounds: tuple[float, float] = ACRConfig.tau_bounds,
-        ema_decay: float = ACRConfig.reward_ema_decay,
-    ):
-        lo, hi = bounds
-        if not lo <= tau_init <= hi:
-            raise ValueError(f"tau_init={tau_init} must lie within bounds {bounds}")
-        if not 0.0 <= ema_decay < 1.0:
-            raise ValueError(f"ema_decay must be in [0, 1), got {ema_decay}")
-        self.eta, self.bounds, self.ema_decay = float(eta), (float(lo), float(hi)), float(ema_decay)
-        self.tau = float(tau_init)
+    def __init__(self, config: ACRConfig | None = None):
+        c = config_of(ACRConfig, config, "config")
+        lo, hi = c.tau_bounds
+        self.eta, self.bounds, self.ema_decay = float(c.eta), (float(lo), float(hi)), float(c.reward_ema_decay)
+        self.tau = float(c.tau_init)
         self.reward_ema: float | None = None
         self.steps = 0
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from .options import ACRConfig, AVSPOConfig
+from .options import STRATEGY_CHOICES, ACRConfig, AVSPOConfig
 
 _AV = AVSPOConfig  # keyword defaults: the --avspo.* ones (algo/options.py)
 
@@ -46,13 +46,16 @@ VIRTUAL_STRATEGIES: dict[str, _Strategy] = {}
 
 
 def register_virtual_strategy(name: str, deterministic: bool = True, own_k: int | None = None):
-    """Register ``fn(r_obs [N], is_right [N] bool, K, *, lo, hi, r_anchor, gamma, generator)``."""
+    """Register ``fn(r_obs [N], is_right [N] bool, K, *, lo, hi, r_anchor, gamma, generator)``;
+    ``AVSPOConfig(strategy=name)`` (and ``--avspo.strategy name``) accept it from then on."""
 
     if name in VIRTUAL_STRATEGIES:
         raise ValueError(f"virtual strategy {name!r} is already registered")
 
     def wrap(fn):
         VIRTUAL_STRATEGIES[name] = _Strategy(fn, deterministic, own_k)
+        if name not in STRATEGY_CHOICES:
+            STRATEGY_CHOICES.append(name)
         return fn
 
     return wrap

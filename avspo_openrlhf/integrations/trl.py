@@ -1,5 +1,13 @@
 """ACR and every remedy in TRL's ``GRPOTrainer`` (TRL 1.16.0; docs/trl.md).
 
+Measuring only needs no subclass: :func:`measure_acr` wraps a reward function so that stock TRL logs
+ACR through the ``log_metric`` callback TRL 1.16 hands every reward function::
+
+    from trl import GRPOConfig, GRPOTrainer
+    from avspo_openrlhf.integrations.trl import measure_acr
+    GRPOTrainer(model=..., reward_funcs=[measure_acr(accuracy, num_generations=8)],
+                args=GRPOConfig(num_generations=8, ...), train_dataset=...).train()   # logs train/acr
+
 The paper's README snippet works as written, with this import path::
 
     from avspo_openrlhf.integrations.trl import GRPOConfig, GRPOTrainer
@@ -25,6 +33,8 @@ Every TRL private name used here is guarded by tests/test_trl_integration.py.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -34,9 +44,9 @@ import torch
 import trl
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, collapse_stats, zero_variance_sign
+from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, CollapseController, collapse_stats, zero_variance_sign
 
-from . import base_advantages, build_controller, framework_metrics, remedy_groups, remedy_name
+from . import Names, _typed, base_advantages, build_configs, framework_metrics, remedy_groups, remedy_name
 
 TESTED_TRL = "1.16.0"
 # TRL's GRPO: (r - mean) / (nanstd + 1e-4), nanstd Bessel-corrected (trl/trainer/grpo_trainer.py)
@@ -45,14 +55,94 @@ STATE_FILE = "controller_state.json"
 SIGN_KEY = "zero_variance_sign"  # [B] int8 per completion (token-level remedies), travels with TRL's buffered batch
 
 
+# how errors name what a TRL user set: GRPOConfig's own fields and its option dicts
+TRL_NAMES = Names(
+    {"remedy": "remedy_options", "acr": "acr_options", "monitor": "monitor_options"},
+    renamed={("remedy", "alpha"): "virtual_sample_alpha", ("acr", "tau_init"): "acr_threshold_init"},
+)
+
+
 def _as_dict(value: Any, name: str) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, str):  # from the command line (TrlParser)
-        value = json.loads(value)
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a dict or a JSON object string, got {type(value).__name__}")
     return dict(value)
+
+
+def _scored(*views: torch.Tensor) -> torch.Tensor:
+    """``[N, G]`` bool: the completions every reward view scored (TRL turns a ``None`` reward into NaN)."""
+    out = ~torch.isnan(views[0])
+    for v in views[1:]:
+        out &= ~torch.isnan(v)
+    return out
+
+
+def _gather(values: torch.Tensor) -> torch.Tensor:
+    """Every process's ``[B]`` rewards in process order (TRL's gather order): a reward function sees
+    its process's completions only, and a prompt group may straddle two processes."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return values
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    local = values.to(on)
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, local)
+    return torch.cat(parts).cpu()
+
+
+def measure_acr(reward_func, num_generations: int, acr: ACRConfig | dict | None = None):
+    """``reward_func`` for stock TRL (``trl.GRPOTrainer``, no subclass) that also logs this batch's ACR
+    views on its rewards (``acr``, ``acr/all_wrong``, ``acr/all_right``, ``acr/other``,
+    ``acr/unscored``) through TRL's ``log_metric`` callback; the rewards pass through unchanged,
+    ``None`` included (an unscored completion: docs/algorithm.md#unscored). TRL names the reward
+    function after ``reward_func``, so its logged rewards keep their name.
+
+    Args:
+        reward_func: a TRL reward function (sync or async) that scores correctness.
+        num_generations: TRL's ``num_generations`` (G): consecutive completions of one prompt.
+        acr: :class:`ACRConfig` or a dict of its fields (``tol``, ``reward_range``); the tracker's
+            fields (gate, alarms) need the trainer subclass and do nothing here.
+    """
+    g = num_generations
+    if isinstance(g, bool) or not isinstance(g, int) or g < 2:
+        raise ValueError(f"num_generations must be an integer >= 2 (a group needs two completions), got {g!r}")
+    cfg = acr if isinstance(acr, ACRConfig) else _typed(ACRConfig, acr, "acr", Names({"acr": "acr"}))
+
+    def log(rewards, log_metric) -> None:
+        if log_metric is None:
+            return  # not called by TRL's GRPOTrainer: nowhere to log
+        values = _gather(torch.tensor([torch.nan if r is None else float(r) for r in rewards], dtype=torch.float64))
+        if values.numel() % g:
+            return  # not whole groups: nothing to measure
+        grouped = values.view(-1, g)
+        stats = collapse_stats(grouped, cfg.tol, cfg.reward_range, _scored(grouped))
+        for key, value in framework_metrics(stats.metrics()).items():
+            log_metric(key, value)
+
+    if inspect.iscoroutinefunction(reward_func):
+
+        @functools.wraps(reward_func)
+        async def measured_async(*args, log_metric=None, **kwargs):
+            rewards = await reward_func(*args, log_metric=log_metric, **kwargs)
+            log(rewards, log_metric)
+            return rewards
+
+        return measured_async
+
+    @functools.wraps(reward_func)
+    def measured(*args, log_metric=None, **kwargs):
+        rewards = reward_func(*args, log_metric=log_metric, **kwargs)
+        log(rewards, log_metric)
+        return rewards
+
+    return measured
 
 
 @dataclass
@@ -112,29 +202,59 @@ class GRPOConfig(trl.GRPOConfig):
         self.acr_options = _as_dict(self.acr_options, "acr_options")
         self.monitor_options = _as_dict(self.monitor_options, "monitor_options")
         self.remedy = remedy_name(self.remedy)
+        if not isinstance(self.use_avspo, bool):
+            raise ValueError(f"use_avspo must be True or False, got {self.use_avspo!r}")
         if self.use_avspo:
             if self.remedy not in (None, "avspo"):
                 raise ValueError(f"use_avspo=True and remedy={self.remedy!r} choose two remedies")
             self.remedy = "avspo"
-        if "tau_init" in self.acr_options:
-            raise ValueError("set the initial threshold with acr_threshold_init, not acr_options['tau_init']")
-        if self.remedy == "avspo" and "alpha" in self.remedy_options:
-            raise ValueError("set AVSPO's alpha with virtual_sample_alpha, not remedy_options['alpha']")
+        if self.remedy != "avspo" and self.virtual_sample_alpha != AVSPOConfig.alpha:
+            raise ValueError(f"virtual_sample_alpha is AVSPO's K rule exponent; remedy={self.remedy!r} does not use "
+                             "it: set remedy='avspo' (or use_avspo=True), or leave it out")  # fmt: skip
+        if self.acr_reward_func is not None and not isinstance(self.acr_reward_func, str):
+            raise ValueError(f"acr_reward_func must be a reward function's name, got {self.acr_reward_func!r}")
+        self._check_trl_settings()
+        _configs(self)  # every option checked now, in the names set here (not after the model loads)
+
+    def _check_trl_settings(self) -> None:
+        """TRL settings a remedy cannot work with (TRL itself refuses num_generations < 2)."""
+        remedy = self.remedy
+        if remedy is None:
+            return
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(f"remedy {remedy!r} needs multi_objective_aggregation='sum_then_normalize', "
+                             f"got {self.multi_objective_aggregation!r}")  # fmt: skip
+        allowed = ("group", "none") if remedy == "dr_grpo" else ("group",)
+        if self.scale_rewards not in allowed:
+            raise ValueError(
+                f"remedy {remedy!r} normalises per group as TRL's scale_rewards={allowed[0]!r} does; "
+                f"got scale_rewards={self.scale_rewards!r}"
+            )
+        from avspo_openrlhf.algo import ESTIMATORS
+
+        if ESTIMATORS[remedy].token_fn is not None and self.use_liger_kernel:
+            raise ValueError(
+                f"remedy {remedy!r} needs TRL's own loss (its token entropies); use_liger_kernel bypasses it"
+            )
+
+
+def _configs(args):
+    """``(remedy, remedy config, ACRConfig, MonitorConfig)`` an (our or TRL's own) ``GRPOConfig``
+    describes; TRL's own config measures only."""
+    remedy = getattr(args, "remedy", None)
+    given = {"acr": {"tau_init": getattr(args, "acr_threshold_init", ACRConfig.tau_init)}}
+    if remedy == "avspo":
+        given["remedy"] = {"alpha": args.virtual_sample_alpha}
+    return build_configs(remedy, std_convention=TRL_STD_CONVENTION, eps=TRL_EPS,
+                         options=getattr(args, "remedy_options", None), acr=getattr(args, "acr_options", None),
+                         monitor=getattr(args, "monitor_options", None), given=given, names=TRL_NAMES)  # fmt: skip
 
 
 def _controller_for(args) -> tuple[Any, str | None]:
     """The controller an (our or TRL's own) ``GRPOConfig`` describes; TRL's own config measures only."""
-    remedy = getattr(args, "remedy", None)
-    options = dict(getattr(args, "remedy_options", None) or {})
-    if remedy == "avspo":
-        options["alpha"] = args.virtual_sample_alpha
-    acr = {
-        **(getattr(args, "acr_options", None) or {}),
-        "tau_init": getattr(args, "acr_threshold_init", ACRConfig.tau_init),
-    }
-    ctrl = build_controller(remedy, std_convention=TRL_STD_CONVENTION, eps=TRL_EPS, options=options, acr=acr,
-                            monitor=getattr(args, "monitor_options", None), seed=args.seed)  # fmt: skip
-    return ctrl, remedy
+    remedy, config, acr, monitor = _configs(args)
+    seed = config.seed if getattr(config, "seed", None) is not None else args.seed
+    return CollapseController(remedy, config, acr=acr, monitor=monitor, seed=int(seed)), remedy
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -149,26 +269,10 @@ class GRPOTrainer(trl.GRPOTrainer):
         self._check_setup()
 
     def _check_setup(self) -> None:
-        a, remedy = self.args, self.remedy
-        func = getattr(a, "acr_reward_func", None)
+        """What only the trainer knows (the reward functions); GRPOConfig checked the rest when built."""
+        func = getattr(self.args, "acr_reward_func", None)
         if func is not None and func not in self.reward_func_names:
             raise ValueError(f"acr_reward_func {func!r} is not a reward function; have {self.reward_func_names}")
-        if remedy is None:
-            return
-        if self.num_generations < 2:
-            raise ValueError(f"remedy {remedy!r} needs groups: num_generations >= 2, got {self.num_generations}")
-        if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(f"remedy {remedy!r} needs multi_objective_aggregation='sum_then_normalize'")
-        allowed = ("group", "none") if remedy == "dr_grpo" else ("group",)
-        if self.scale_rewards not in allowed:
-            raise ValueError(
-                f"remedy {remedy!r} normalises per group as TRL's scale_rewards={allowed[0]!r} does; "
-                f"got scale_rewards={self.scale_rewards!r}"
-            )
-        if self.controller.needs_entropy and getattr(a, "use_liger_kernel", False):
-            raise ValueError(
-                f"remedy {remedy!r} needs TRL's own loss (its token entropies); use_liger_kernel bypasses it"
-            )
 
     # ---- rewards and advantages -------------------------------------------------------------------
 
@@ -189,22 +293,22 @@ class GRPOTrainer(trl.GRPOTrainer):
         func = getattr(self.args, "acr_reward_func", None)
         raw = shaped if func is None else per_func[:, self.reward_func_names.index(func)]
         raw, shaped = raw.view(-1, g).float().cpu(), shaped.view(-1, g).float().cpu()
-        # groups with an unscored completion keep TRL's advantages (nan-aware baseline, zero for the
-        # unscored) and stay out of ACR: neither is defined on a missing reward
-        scored = ~(torch.isnan(raw).any(dim=1) | torch.isnan(shaped).any(dim=1))
-        if not scored.any():
-            return output
+        # docs/algorithm.md#unscored: ACR on each group's scored completions; the remedy's advantages
+        # on the fully scored groups, TRL's own (nan-aware baseline, zero for the unscored) elsewhere
+        scored = _scored(raw, shaped)
         if mode == "eval":  # measure only: evaluation must not move the gate, threshold or window
-            stats = collapse_stats(raw[scored], self.controller.tol, self.controller.reward_range).metrics()
+            stats = collapse_stats(raw, self.controller.tol, self.controller.reward_range, scored).metrics()
             for key, value in framework_metrics(stats).items():
                 self._metrics[mode][key].append(value)
             return output
-        ours, metrics = self.controller.step(raw[scored], shaped[scored])
+        ours, metrics = self.controller.step(raw, shaped, scored)
+        full = scored.all(dim=1)
         if ours is not None:
-            output["advantages"] = self._remedy_advantages(output["advantages"], ours, shaped, scored, metrics)
+            output["advantages"] = self._remedy_advantages(output["advantages"], ours, shaped, full, metrics)
         if self.controller.needs_entropy:
             sign = torch.zeros(shaped.shape[0], dtype=torch.int8)
-            sign[scored] = zero_variance_sign(shaped[scored], self.controller.tol, self.controller.reward_range)
+            if full.any():
+                sign[full] = zero_variance_sign(shaped[full], self.controller.tol, self.controller.reward_range)
             local = self._local_slice(sign.repeat_interleave(g), len(output["advantages"]))
             output[SIGN_KEY] = local.to(output["advantages"].device)
         for key, value in framework_metrics(metrics).items():
@@ -218,19 +322,19 @@ class GRPOTrainer(trl.GRPOTrainer):
         i = self.accelerator.process_index
         return full[i * n_local : (i + 1) * n_local]
 
-    def _remedy_advantages(self, trl_local, ours, shaped, scored, metrics) -> torch.Tensor:
-        """TRL's local ``[B]`` advantages with the remedy's on the groups where it differs from TRL's
-        estimator; ``metrics['remedy_groups']``: the share of such groups."""
+    def _remedy_advantages(self, trl_local, ours, shaped, full, metrics) -> torch.Tensor:
+        """TRL's local ``[B]`` advantages with the remedy's on the fully scored groups (``full``) where
+        it differs from TRL's estimator; ``metrics['remedy_groups']``: the share of such groups."""
         std = None if self.scale_rewards == "none" else TRL_STD_CONVENTION
-        changed = remedy_groups(ours, base_advantages(shaped[scored], self.controller, std, TRL_EPS))
         g = shaped.shape[1]
-        full = torch.zeros_like(shaped)
         use = torch.zeros(shaped.shape[0], dtype=torch.bool)
-        full[scored], use[scored] = ours.to(full.dtype), changed
-        metrics["remedy_groups"] = float(changed.float().mean()) if changed.numel() else 0.0
+        if full.any():
+            use[full] = remedy_groups(ours[full], base_advantages(shaped[full], self.controller, std, TRL_EPS))
+        full_adv = torch.where(use[:, None], ours.to(shaped.dtype), torch.zeros_like(shaped))
+        metrics["remedy_groups"] = float(use.float().mean()) if use.numel() else 0.0
         use_local = self._local_slice(use.repeat_interleave(g), len(trl_local)).to(trl_local.device)
-        ours_local = self._local_slice(full.reshape(-1), len(trl_local)).to(trl_local)
-        self._log_table_advantages(full.reshape(-1), use.repeat_interleave(g))
+        ours_local = self._local_slice(full_adv.reshape(-1), len(trl_local)).to(trl_local)
+        self._log_table_advantages(full_adv.reshape(-1), use.repeat_interleave(g))
         return torch.where(use_local, ours_local, trl_local)
 
     def _log_table_advantages(self, ours: torch.Tensor, use: torch.Tensor) -> None:
@@ -303,4 +407,4 @@ class GRPOTrainer(trl.GRPOTrainer):
                 self.controller.load_state_dict(json.load(f))
 
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "STATE_FILE", "TESTED_TRL", "TRL_EPS", "TRL_STD_CONVENTION"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "STATE_FILE", "TESTED_TRL", "TRL_EPS", "TRL_STD_CONVENTION", "measure_acr"]

@@ -15,6 +15,10 @@ algorithm config, whose sections give the options (all optional)::
     algorithm.ngrpo.*    NGRPOConfig (num_max, gated); algorithm.sign.* SignConfig (scope)
     algorithm.monitor.*  MonitorConfig
 
+Every option is checked when the run's controller is built, at the first advantage step (or earlier
+with :func:`check_config`), in one line naming it as set: ``algorithm.avspo.alpha must be > 0, got -1``.
+A NaN score is a completion without one (docs/algorithm.md#unscored).
+
 One :class:`CollapseController` per algorithm config object (one run) keeps the gate, the adaptive
 threshold and the window across steps; :func:`acr_metrics` returns its latest ACR metrics. As with
 TRL, verl's own GRPO numbers (``compute_grpo_outcome_advantage``: ``torch.std``, epsilon 1e-6) are
@@ -38,7 +42,7 @@ from verl.trainer.ppo import core_algos
 
 from avspo_openrlhf.algo import ESTIMATORS, CollapseController
 
-from . import base_advantages, build_controller, framework_metrics, remedy_groups
+from . import Names, base_advantages, build_controller, framework_metrics, remedy_groups
 
 TESTED_VERL = "0.9.1"
 # verl's GRPO: (s - mean) / (torch.std + epsilon), epsilon 1e-6 as compute_advantage leaves it
@@ -80,17 +84,54 @@ def _section(config: Any, key: str) -> dict[str, Any]:
     raise ValueError(f"algorithm.{key} must be a mapping of options, got {type(value).__name__}")
 
 
+def _seed(acr: dict[str, Any]) -> int:
+    """``algorithm.acr.seed`` (taken out of the ACR options; 0 when unset)."""
+    seed = acr.pop("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"algorithm.acr.seed must be an integer >= 0, got {seed!r}")
+    return seed
+
+
+def _names(remedy: str) -> Names:
+    """Errors name the option as the user set it: ``algorithm.acr.window``, ``algorithm.avspo.alpha``."""
+    return Names(
+        {"remedy": f"algorithm.{remedy}", "acr": "algorithm.acr", "monitor": "algorithm.monitor"}, style="attr"
+    )
+
+
+def _controller(config: Any, remedy: str) -> CollapseController:
+    """The controller the ``algorithm`` config describes for ``remedy``: every option of its
+    ``acr``, ``monitor`` and remedy sections checked, one line naming ``algorithm.<section>.<field>``."""
+    acr = _section(config, "acr")
+    seed = _seed(acr)
+    options = _section(config, remedy) if ESTIMATORS[remedy].config is not None else {}
+    return build_controller(remedy, std_convention=VERL_STD_CONVENTION, eps=VERL_EPS, options=options, acr=acr,
+                            monitor=_section(config, "monitor"), seed=seed, names=_names(remedy))  # fmt: skip
+
+
 def _run(config: Any, remedy: str) -> _Run:
+    """The run of this algorithm config; its controller is built at the first use, before any
+    advantage is computed."""
     run = _RUNS.get(id(config))
     if run is None or run.config is not config or run.remedy != remedy:
-        acr = _section(config, "acr")
-        seed = acr.pop("seed", 0)
-        options = _section(config, remedy) if ESTIMATORS[remedy].config is not None else {}
-        ctrl = build_controller(remedy, std_convention=VERL_STD_CONVENTION, eps=VERL_EPS, options=options, acr=acr,
-                                monitor=_section(config, "monitor"), seed=seed)  # fmt: skip
-        run = _RUNS[id(config)] = _Run(config, remedy, ctrl)
+        run = _RUNS[id(config)] = _Run(config, remedy, _controller(config, remedy))
     _LAST[:] = [run]
     return run
+
+
+def check_config(config: Any, remedy: str | None = None) -> None:
+    """Check the ``algorithm`` config of a verl run now (e.g. in a launcher, before Ray starts): the
+    ``algorithm.acr``, ``algorithm.monitor`` and the remedy's section (``remedy``: ``avspo``, ...;
+    ``None``: the one ``algorithm.adv_estimator`` names, when it is one of ours)."""
+    if remedy is None:
+        est = str(_get(config, "adv_estimator", ""))
+        if not est.startswith(PREFIX):
+            return
+        remedy = est[len(PREFIX) :]
+    if remedy not in REMEDIES:
+        raise ValueError(f"algorithm.adv_estimator {PREFIX}{remedy}: no such estimator; have "
+                         f"{', '.join(PREFIX + r for r in REMEDIES)}")  # fmt: skip
+    _controller(config, remedy)
 
 
 def _groups(index: Any, batch: int) -> tuple[torch.Tensor, int]:
@@ -115,20 +156,27 @@ def compute_acr_advantage(
     if not norm and remedy != "dr_grpo":
         raise ValueError(f"{PREFIX}{remedy} divides by the group std: set algorithm.norm_adv_by_std_in_grpo=True "
                          f"(or use {PREFIX}dr_grpo)")  # fmt: skip
+    run = _run(config, remedy)
     scores = token_level_rewards.sum(dim=-1)
     order, g = _groups(index, scores.shape[0])
     rewards = scores.detach().cpu().float()[order].view(-1, g)
-    run = _run(config, remedy)
-    ours, metrics = run.controller.step(rewards)
-    changed = remedy_groups(ours, base_advantages(rewards, run.controller, VERL_STD_CONVENTION if norm else None, VERL_EPS))  # fmt: skip
-    metrics["remedy_groups"] = float(changed.float().mean())
+    # docs/algorithm.md#unscored: a NaN score is a completion without one; ACR is measured on each
+    # group's scored completions and such groups keep verl's own advantages
+    scored = ~torch.isnan(rewards)
+    ours, metrics = run.controller.step(rewards, scored=scored)
+    full = scored.all(dim=1)
+    changed = torch.zeros(rewards.shape[0], dtype=torch.bool)
+    if full.any():
+        base = base_advantages(rewards[full], run.controller, VERL_STD_CONVENTION if norm else None, VERL_EPS)
+        changed[full] = remedy_groups(ours[full], base)
+    metrics["remedy_groups"] = float(changed.float().mean()) if changed.numel() else 0.0
     run.metrics = framework_metrics(metrics)
 
     verl_adv, _ = core_algos.compute_grpo_outcome_advantage(
         token_level_rewards, response_mask, index, epsilon=VERL_EPS, norm_adv_by_std_in_grpo=norm
     )
     per_row = torch.empty_like(scores)
-    per_row[order.to(scores.device)] = ours.reshape(-1).to(scores)
+    per_row[order.to(scores.device)] = torch.where(changed[:, None], ours, 0.0).reshape(-1).to(scores)
     use = torch.empty(scores.shape[0], dtype=torch.bool)
     use[order] = changed.repeat_interleave(g)
     adv = torch.where(use.to(scores.device).unsqueeze(-1), per_row.unsqueeze(-1) * response_mask, verl_adv)
@@ -162,4 +210,4 @@ def acr_metrics(config: Any = None) -> dict[str, float]:
     return dict(run.metrics) if run is not None else {}
 
 
-__all__ = ["PREFIX", "REMEDIES", "TESTED_VERL", "acr_metrics", "compute_acr_advantage", "controller_of"]
+__all__ = ["PREFIX", "REMEDIES", "TESTED_VERL", "acr_metrics", "check_config", "compute_acr_advantage", "controller_of"]

@@ -1,7 +1,8 @@
 """The flags ``avspo-train`` adds to OpenRLHF's parser: one frozen dataclass per flag group, from
-which the flags, their ``--help`` texts and defaults are generated; one validation place
-(:func:`validate`); the typed view our components read (:func:`settings`); the controller the flags
-describe (:func:`build_controller`).
+which the flags, their ``--help`` texts and defaults are generated, and which check their own values
+when built (valid by construction); the typed view our components read (:func:`settings`, whose
+errors name the flag); the checks that span groups or concern OpenRLHF's flags (:func:`validate`);
+the controller the flags describe (:func:`build_controller`).
 
 Every flag is dotted like OpenRLHF's own (``--avspo.alpha``), so OpenRLHF's ``hierarchize`` turns
 them into ``args.avspo.alpha`` and they travel to every Ray actor inside ``strategy.args``.
@@ -20,9 +21,12 @@ from types import SimpleNamespace
 
 from avspo_openrlhf.algo.advantages import ESTIMATORS
 from avspo_openrlhf.algo.options import (  # the algorithm's groups live with the algorithm
+    CHECK_KEYS,
     ACRConfig,
     GRESOConfig,
     MonitorConfig,
+    OptionError,
+    Options,
     flag,
 )
 
@@ -30,28 +34,31 @@ CPU_DTYPES = ("auto", "bf16", "fp32")  # --cpu.dtype; resolved by cpu/dtype.py
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(Options):
     """Run control (``--run.*``)."""
 
     max_steps: int | None = flag(
         None,
         "Stop after this many training steps (the final model is saved as usual); default: one pass over the data.",
+        valid=">=1",
     )
     max_generated_tokens: int | None = flag(
         None,
         "Stop after the step at which the tokens generated for training (filtered groups, refills and GRESO-kept prompts included; evaluation and GRESO audits not) reach this budget: compare remedies at equal generation.",
+        valid=">=1",
         metavar="TOKENS",
     )
     reward_timeout_s: float = flag(
         60.0,
         "A reward file of yours (--reward.remote_url x.py) runs in worker processes: a call that takes longer than this is killed and the run stops with an error naming the file (this package's reward files have their own limits).",
+        valid=">0",
     )
-    reward_memory_mb: int = flag(8192, "Address-space cap of each of those workers in MB (0: none).")
-    reward_workers: int = flag(2, "Worker processes per rollout engine for a reward file of yours.")
+    reward_memory_mb: int = flag(8192, "Address-space cap of each of those workers in MB (0: none).", valid=">=0")
+    reward_workers: int = flag(2, "Worker processes per rollout engine for a reward file of yours.", valid=">=1")
 
 
 @dataclass(frozen=True)
-class DynamicConfig:
+class DynamicConfig(Options):
     """Dynamic sampling (``--dynamic.*``)."""
 
     std_filter: bool = flag(
@@ -61,7 +68,7 @@ class DynamicConfig:
 
 
 @dataclass(frozen=True)
-class ReportConfig:
+class ReportConfig(Options):
     """Reports (``--report.*``)."""
 
     dir: str | None = flag(
@@ -74,7 +81,7 @@ class ReportConfig:
 
 
 @dataclass(frozen=True)
-class CPUConfig:
+class CPUConfig(Options):
     """CPU backend (``--cpu.*``)."""
 
     dtype: str = flag(
@@ -95,12 +102,13 @@ class CPUConfig:
 
 
 @dataclass(frozen=True)
-class BufferConfig:
+class BufferConfig(Options):
     """Async rollout buffer (``--buffer.*``)."""
 
     max_staleness: int | None = flag(
         None,
         "With --train.async_enable: a batch generated more than this many policy versions ago is dropped or regenerated (default: no bound beyond the queue size).",
+        valid=">=0",
     )
     stale_policy: str = flag(
         "regenerate",
@@ -112,8 +120,8 @@ class BufferConfig:
 def _remedies() -> dict[str, type]:
     """The advantage remedies: every registered estimator whose config has an ``enable`` switch, its
     flag namespace its name (``--avspo.*``), in registration order. Adding a remedy to the registry
-    (``algo/``) adds its flags, its ``--help`` section, its validation (the config's ``check``) and
-    its place in :func:`chosen_remedy` here."""
+    (``algo/``) adds its flags, its ``--help`` section, its validation (the config checks itself
+    when :func:`settings` builds it) and its place in :func:`chosen_remedy` here."""
     import avspo_openrlhf.algo  # noqa: F401  (importing the remedy modules registers them)
 
     return {
@@ -163,7 +171,8 @@ Settings.__doc__ = (
 
 
 def _argparse_kwargs(f: dataclasses.Field) -> dict:
-    kw = dict(f.metadata, default=f.default)
+    # the field's range and order are checked when the config is built, by the config itself
+    kw = dict({k: v for k, v in f.metadata.items() if k not in CHECK_KEYS}, default=f.default)
     ann = f.type
     if ann == "bool":
         kw["action"] = "store_true"
@@ -196,12 +205,16 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def settings(args) -> Settings:
     """Our groups read from OpenRLHF's hierarchized ``args``, typed and frozen (lists become
     tuples). A group or field ``args`` lacks (objects built without our parser: tests, other
-    launchers) takes its default."""
+    launchers) takes its default. Each group's config checks its values when it is built (valid by
+    construction): a mistake is one ``ValueError`` naming the flag, ``--avspo.alpha must be > 0, got -1.0``."""
     out = {}
     for ns, (_, cls) in GROUPS.items():
         have = vars(getattr(args, ns, None) or SimpleNamespace())
-        out[ns] = cls(**{f.name: tuple(v) if isinstance(v := have[f.name], list) else v
-                         for f in fields(cls) if f.name in have})  # fmt: skip
+        try:
+            out[ns] = cls(**{f.name: tuple(v) if isinstance(v := have[f.name], list) else v
+                             for f in fields(cls) if f.name in have})  # fmt: skip
+        except OptionError as e:
+            raise ValueError(e.render(lambda name, ns=ns: f"--{ns}.{name}")) from None
     return Settings(**out)
 
 
@@ -260,8 +273,6 @@ def _in_range(args) -> None:
         ("--train.async_queue_size", a.train.async_queue_size, a.train.async_queue_size >= 1, ">= 1"),
         ("--ckpt.max_num", a.ckpt.max_num, a.ckpt.max_num >= 1, ">= 1 (0 would delete every checkpoint)"),
         ("--ckpt.save_steps", a.ckpt.save_steps, a.ckpt.save_steps == -1 or a.ckpt.save_steps >= 1, "-1 (never) or >= 1"),
-        ("--acr.ema_decay", a.acr.ema_decay, 0 <= a.acr.ema_decay < 1, "in [0, 1)"),
-        ("--acr.volatility_window", a.acr.volatility_window, a.acr.volatility_window >= 2, ">= 2 (a spread needs two steps)"),
         ("--actor.eps_clip", a.actor.eps_clip, a.actor.eps_clip > 0, "> 0"),
         ("--actor.eps_clip_low_high", a.actor.eps_clip_low_high,
          a.actor.eps_clip_low_high is None or min(a.actor.eps_clip_low_high) >= 0, ">= 0 (both)"),
@@ -284,69 +295,39 @@ def _in_range(args) -> None:
 
 
 def validate(args) -> None:
-    """Check our flags against OpenRLHF's (after ``hierarchize``); adjusts a few in place. The one
-    place our flags are validated: a ``ValueError`` here is one ``avspo-train: error:`` line."""
+    """Check our flags against OpenRLHF's (after ``hierarchize``); adjusts a few in place. Each of our
+    groups checks its own values when :func:`settings` builds it; here only what spans groups or
+    concerns OpenRLHF's flags. A ``ValueError`` here is one ``avspo-train: error:`` line."""
+    cfg = settings(args)  # every group's own values (types, choices, ranges), named by flag
     _in_range(args)
     n = args.rollout.n_samples_per_prompt
     est = args.algo.advantage.estimator
-    lo, hi = args.acr.reward_range
-    if not lo < hi:
-        raise ValueError(f"--acr.reward_range needs LO < HI, got {lo} {hi}")
-    if args.acr.tol <= 0 or args.acr.window < 1:
-        raise ValueError("--acr.tol must be > 0 and --acr.window >= 1")
-    # the threshold and the controller are built (ACR is measured) with AVSPO off too: checked always,
-    # or a bad value fails inside a Ray actor after start-up
-    tlo, thi = args.acr.tau_bounds
-    if not 0 <= tlo <= thi <= 1:
-        raise ValueError(f"--acr.tau_bounds must satisfy 0 <= low <= high <= 1 (ACR is a rate), got {tlo} {thi}")
-    if not tlo <= args.acr.tau_init <= thi:
-        raise ValueError(f"--acr.tau_init {args.acr.tau_init} must lie within --acr.tau_bounds {tlo} {thi}")
-    if args.acr.eta < 0:
-        raise ValueError(f"--acr.eta must be >= 0, got {args.acr.eta}")
-    cfg = settings(args)
     chosen = [ns for ns in REMEDIES if getattr(cfg, ns).enable]
     if len(chosen) > 1:
         raise ValueError(f"{' and '.join(f'--{ns}.enable' for ns in chosen)}: choose one advantage remedy")
-    for ns in chosen:  # the remedy's own values are checked only when it runs
+    for ns in chosen:
         if est != "group_norm":
             raise ValueError(f"--{ns}.enable needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
         if n < 2:
             raise ValueError(f"--{ns}.enable needs --rollout.n_samples_per_prompt >= 2")
-        check = getattr(getattr(cfg, ns), "check", None)
-        if check is not None:
-            try:
-                check()
-            except ValueError as e:  # the config names the field; the flag adds its group
-                raise ValueError(f"--{ns}.{e}") from None
         if args.algo.advantage.gamma != 1.0:  # OpenRLHF's group_norm warns and uses 1.0 as well
             print(
                 f"[avspo] --algo.advantage.gamma {args.algo.advantage.gamma} is ignored with group_norm: returns use 1.0"
             )
-    if cfg.greso.enable:
-        if n < 2:
-            raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
-        build_greso(args)  # its own checks (p within bounds, shares in [0, 1]) as one line
-    if cfg.run.reward_timeout_s <= 0 or cfg.run.reward_memory_mb < 0 or cfg.run.reward_workers < 1:
-        raise ValueError("--run.reward_timeout_s must be > 0, --run.reward_memory_mb >= 0, --run.reward_workers >= 1")
-    budget = cfg.run.max_generated_tokens
-    if budget is not None and budget < 1:
-        raise ValueError(f"--run.max_generated_tokens must be >= 1, got {budget}")
-    if cfg.run.max_steps is not None and cfg.run.max_steps < 1:
-        raise ValueError(f"--run.max_steps must be >= 1 (leave it out for no limit), got {cfg.run.max_steps}")
+    if cfg.greso.enable and n < 2:
+        raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
     max_len, new_tokens = args.data.max_len, args.rollout.max_new_tokens
     if max_len is not None and new_tokens is not None and max_len <= new_tokens:
         # vLLM refuses such requests only after start-up, inside the engine actor
         raise ValueError(f"--data.max_len {max_len} (prompt + response) leaves no room for a prompt beside "
                          f"--rollout.max_new_tokens {new_tokens}")  # fmt: skip
-    if args.dynamic.std_filter:
+    if cfg.dynamic.std_filter:
         if args.algo.dynamic_filtering_enable:
             raise ValueError("use either --dynamic.std_filter or --algo.dynamic_filtering_enable, not both")
         if n < 2:
             raise ValueError("--dynamic.std_filter needs --rollout.n_samples_per_prompt >= 2")
-    st = args.buffer.max_staleness
+    st = cfg.buffer.max_staleness
     if st is not None:
-        if st < 0:
-            raise ValueError(f"--buffer.max_staleness must be >= 0, got {st}")
         if not args.train.async_enable:
             print(
                 "[avspo] --buffer.max_staleness has no effect without --train.async_enable (sync batches are never stale)"
@@ -392,11 +373,7 @@ def build_greso(args):
     from avspo_openrlhf.algo.greso import GRESOSelector
 
     cfg = settings(args)
-    g = cfg.greso
-    seed = g.seed if g.seed is not None else getattr(getattr(args, "train", None), "seed", 0)
-    return GRESOSelector(p_easy=g.p_easy, p_hard=g.p_hard, target_easy=g.target_easy, target_hard=g.target_hard,
-                         delta=g.delta, p_bounds=g.p_bounds, min_keep=g.min_keep, audit=g.audit, seed=seed,
-                         tol=cfg.acr.tol, reward_range=cfg.acr.reward_range)  # fmt: skip
+    return GRESOSelector(cfg.greso, acr=cfg.acr, seed=getattr(getattr(args, "train", None), "seed", 0))
 
 
 def guard_reward_files(args) -> list[str]:

@@ -25,6 +25,11 @@ from .config import build_controller
 from .old_log_probs import TOKEN_SIGN, skips_old_log_prob_pass
 from .samples import BatchMeta
 
+# docs/algorithm.md#unscored: the verifier statuses (the reward files' extra_logs, in each sample's
+# info) that mean "not scored": the verification overran its timeout or raised. ACR on correctness
+# judges each group on its scored completions; OpenRLHF (and the remedy) train on their reward 0 as ever
+UNSCORED_INFO = ("verify/timeout", "verify/error")
+
 TOKEN_ENTROPY = "token_entropy"
 """Attribute of an experience holding its ``[B, A]`` token entropies between ``make_experience`` and
 ``compute_advantages_and_returns`` (token-level remedies only)."""
@@ -41,6 +46,16 @@ def to_groups(values: list[torch.Tensor], order: torch.Tensor, n: int) -> torch.
     out = torch.empty_like(flat)
     out[order] = flat
     return out.reshape(-1, n)
+
+
+def scored_groups(experiences, order: torch.Tensor, n: int) -> torch.Tensor | None:
+    """``[N, G]`` bool, False for a sample whose verification ended in a status of
+    :data:`UNSCORED_INFO`; ``None`` when every sample was scored (or no reward file logs statuses)."""
+    keys = [k for k in UNSCORED_INFO if experiences and all(k in e.info for e in experiences)]
+    if not keys:
+        return None
+    unscored = sum(to_groups([e.info[k].reshape(-1) for e in experiences], order, n) for k in keys) > 0
+    return ~unscored if bool(unscored.any()) else None
 
 
 def from_groups(grouped: torch.Tensor, order: torch.Tensor, sizes: list[int]) -> tuple[torch.Tensor, ...]:
@@ -80,19 +95,20 @@ class RemedyExperienceMaker(RemoteExperienceMaker):
 
         order, sizes = group_order(experiences), [len(e.index) for e in experiences]
         raw = to_groups([e.rewards for e in experiences], order, n)
+        scored = scored_groups(experiences, order, n)
         if not self.controller.enable:
             experiences = super().compute_advantages_and_returns(experiences)
             shaped = to_groups([e.rewards for e in experiences], order, n)  # penalised in place
-            _, self.last_metrics = self.controller.step(raw, shaped)
-            self.last_metrics.update(self._by_level(group_datasources, raw, shaped, None))
+            _, self.last_metrics = self.controller.step(raw, shaped, scored)
+            self.last_metrics.update(self._by_level(group_datasources, raw, shaped, None, scored))
             return experiences
 
         for e in experiences:  # as OpenRLHF: at least fp32 for penalties and group statistics
             e.rewards = e.rewards.to(torch.promote_types(e.rewards.dtype, torch.float32))
         apply_length_penalties(experiences, args)  # also sets info["reward"] to the shaped reward
         shaped = to_groups([e.rewards for e in experiences], order, n)
-        adv, self.last_metrics = self.controller.step(raw, shaped)
-        self.last_metrics.update(self._by_level(group_datasources, raw, shaped, adv))
+        adv, self.last_metrics = self.controller.step(raw, shaped, scored)  # every shaped reward is a number
+        self.last_metrics.update(self._by_level(group_datasources, raw, shaped, adv, scored))
 
         group_std = shaped.std(-1, keepdim=True).expand(-1, n)  # unbiased, as OpenRLHF logs it
         for e, a, s in zip(
@@ -217,19 +233,19 @@ class RemedyExperienceMaker(RemoteExperienceMaker):
         }
 
     def _by_level(self, names: list[str] | None, raw: torch.Tensor, shaped: torch.Tensor,
-                  adv: torch.Tensor | None) -> dict[str, float]:  # fmt: skip
+                  adv: torch.Tensor | None, scored: torch.Tensor | None = None) -> dict[str, float]:  # fmt: skip
         """Raw and effective ACR per datasource (e.g. per arithmetic level) when the data has one."""
         if not names or len(names) != raw.shape[0] or set(names) == {"default"}:
             return {}  # no datasource field in the data
         c = self.controller
-        raw_c = collapse_stats(raw, c.tol, c.reward_range).collapsed
+        raw_c = collapse_stats(raw, c.tol, c.reward_range, scored).collapsed
         # effective: the group's advantages are still all zero (GRPO zeroes every collapsed group)
         if c.needs_entropy:  # token advantages on every zero-variance group
             eff = torch.zeros(raw.shape[0], dtype=torch.bool)
         elif adv is not None:
             eff = (adv == 0).all(dim=1)
         else:
-            eff = collapse_stats(shaped, c.tol, c.reward_range).collapsed
+            eff = collapse_stats(shaped, c.tol, c.reward_range).collapsed  # what OpenRLHF trains on
         out = {}
         for name in sorted(set(names)):
             mask = torch.tensor([x == name for x in names])
