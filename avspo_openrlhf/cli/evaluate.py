@@ -27,6 +27,7 @@ from avspo_openrlhf.math_eval.runner import (
     load_benchmark,
     model_identity,
     plot_steps,
+    verification_line,
     write_eval_mix,
 )
 
@@ -95,7 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N problems per benchmark")
     p.add_argument("--chunk", type=int, default=64, help="problems per generation chunk (the resume granularity)")
     p.add_argument("--workers", type=int, default=2, help="verifier processes")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds per verification")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="CPU seconds per verification attempt, counted from when a verifier process begins it (at most 4x that "
+        "in wall-clock time); an overrun is retried once before the status is 'timeout'",
+    )
     p.add_argument("--per-benchmark", type=int, default=None, help="with --make-train-eval: problems per benchmark")
     return p
 
@@ -177,6 +184,7 @@ def _main(args) -> int:
                                  identity=model_identity(path), **common)  # fmt: skip
             rows.append((step, res["benchmarks"]))
             print(res["table"])
+            print(verification_line(res["verification"]))
         plot_steps(rows, out / "accuracy_vs_step.png")
         print(f"[avspo-eval] {len(rows)} checkpoints; plot: {out / 'accuracy_vs_step.png'}")
         return 0
@@ -196,6 +204,7 @@ def _main(args) -> int:
     lock_folder(str(out), "avspo-eval")
     res = evaluate_model(gen, data, dec, out, label=label, identity=identity, **common)
     print(res["table"])
+    print(verification_line(res["verification"]))
     print(f"[avspo-eval] results in {out}/ (records.jsonl per benchmark, summary.json, table.md)")
     return 0
 

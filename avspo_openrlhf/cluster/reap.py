@@ -4,7 +4,7 @@
 
 avspo.sbatch starts Ray (``ray_node.sh``) and the trainer with ``AVSPO_JOB_TAG=<tag>`` in their
 environment; every process they start inherits it: Ray's GCS, raylet, agents and workers, vLLM and
-DeepSpeed actors, the reward verifiers' forkservers. ``ray stop --force`` cannot be used instead: it
+DeepSpeed actors, the reward verifiers' worker processes. ``ray stop --force`` cannot be used instead: it
 stops every Ray of the user on the node (another job's, on a shared node), and misses children that
 are not named like Ray's (a forkserver whose parent died escapes Slurm's ``proctrack/linuxproc``).
 Only processes of the calling user are touched. SIGTERM first, SIGKILL after ``--grace`` seconds.

@@ -64,7 +64,7 @@ def extract_choice(completion: str, num_choices: int) -> str | None:
 
 def summarize(records: list[dict], ks: list[int] | None = None) -> dict:
     """Benchmark summary from per-problem records (``correct`` list, ``answers``, ``statuses``,
-    ``lengths``, ``truncated``, ``level``, ``subject``); ``ks`` default: powers of 2 up to n."""
+    ``retries``, ``lengths``, ``truncated``, ``level``, ``subject``); ``ks`` default: powers of 2 up to n."""
     if not records:
         return {"num_problems": 0}
     n = np.array([len(r["correct"]) for r in records])
@@ -78,6 +78,10 @@ def summarize(records: list[dict], ks: list[int] | None = None) -> dict:
         out[f"maj@{int(n.min())}"] = float(np.mean([majority_vote(r["answers"], r["correct"]) for r in records]))
     statuses = Counter(s for r in records for s in r["statuses"])
     out["statuses"] = dict(sorted(statuses.items()))
+    # the verifier's timing: final timeouts, and attempts retried after overrunning the timeout (a
+    # busy machine shows here first; records written before retries were recorded count 0)
+    out["verify_timeouts"] = statuses.get("timeout", 0)
+    out["verify_retries"] = int(sum(sum(r.get("retries") or ()) for r in records))
     lengths = [x for r in records for x in r.get("lengths", [])]
     out["mean_response_tokens"] = float(np.mean(lengths)) if lengths else None
     trunc = [bool(x) for r in records for x in r.get("truncated", [])]

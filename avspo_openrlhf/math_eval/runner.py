@@ -104,7 +104,12 @@ class Scorer:
     def __init__(self, workers: int, timeout_s: float):
         self.workers, self.timeout_s, self._pool = workers, timeout_s, None
 
-    def score(self, bench: Benchmark, rows: list[dict], comps: list[list[Completion]]) -> list[tuple[list, list, list]]:
+    def score(
+        self, bench: Benchmark, rows: list[dict], comps: list[list[Completion]]
+    ) -> list[tuple[list, list, list, list]]:
+        """Per problem: extracted answers, statuses, correct flags, and per completion the
+        verification attempts retried after overrunning the timeout (math benchmarks only; the
+        others are scored in this process, without a timeout)."""
         if bench.kind == "arith":
             from avspo_openrlhf.rewards.arith_reward import arith_answer, score_arith
 
@@ -112,14 +117,14 @@ class Scorer:
             for r, cs in zip(rows, comps):
                 status = [score_arith(c.text, r["answer"]) for c in cs]
                 answers = [arith_answer(c.text)[0] for c in cs]  # maj@n votes on these
-                out.append((answers, status, [x == "correct" for x in status]))
+                out.append((answers, status, [x == "correct" for x in status], [0] * len(cs)))
             return out
         if bench.kind == "choice":
             out = []
             for r, cs in zip(rows, comps):
                 picks = [extract_choice(c.text, len(r.get("choices") or [])) for c in cs]
                 status = ["no_answer" if p is None else ("correct" if p == r["answer"] else "wrong") for p in picks]
-                out.append((picks, status, [s == "correct" for s in status]))
+                out.append((picks, status, [s == "correct" for s in status], [0] * len(cs)))
             return out
         if self._pool is None:
             from avspo_openrlhf.rewards.pool import VerifierPool
@@ -131,7 +136,8 @@ class Scorer:
         out = []
         for cs in comps:
             rs = [next(res) for _ in cs]
-            out.append(([x.pred for x in rs], [x.status for x in rs], [x.status == "correct" for x in rs]))
+            statuses = [x.status for x in rs]
+            out.append(([x.pred for x in rs], statuses, [s == "correct" for s in statuses], [x.retries for x in rs]))
         return out
 
     def close(self):
@@ -159,7 +165,7 @@ def evaluate_benchmark(bench, rows, generator, dec: Decoding, out_dir: Path, sco
             comps = generator.generate(texts, dec)
         scored = scorer.score(bench, part, comps)
         with open(rec_path, "a", encoding="utf-8") as f:
-            for r, text, cs, (answers, statuses, correct) in zip(part, texts, comps, scored):
+            for r, text, cs, (answers, statuses, correct, retries) in zip(part, texts, comps, scored):
                 rec = {
                     "unique_id": r["unique_id"],
                     "problem": r["problem"],
@@ -171,6 +177,7 @@ def evaluate_benchmark(bench, rows, generator, dec: Decoding, out_dir: Path, sco
                     "answers": answers,
                     "statuses": statuses,
                     "correct": correct,
+                    "retries": retries,  # per completion: attempts retried after a verifier timeout
                     "lengths": [c.num_tokens for c in cs if c.num_tokens is not None],
                     "truncated": [c.truncated for c in cs if c.truncated is not None],
                 }
@@ -226,11 +233,28 @@ def evaluate_model(generator, benchmarks: dict[str, list[dict]], dec: Decoding, 
     finally:
         scorer.close()
     table = markdown_table(results, dec.describe(), label, precision)
+    verification = verification_counts(results)
     write_json(
-        out / "summary.json", {"decoding": dec.__dict__, "label": label, "precision": precision, "benchmarks": results}
-    )
+        out / "summary.json",
+        {"decoding": dec.__dict__, "label": label, "precision": precision, "benchmarks": results,
+         "verification": verification},
+    )  # fmt: skip
     (out / "table.md").write_text(table, encoding="utf-8")
-    return {"benchmarks": results, "table": table}
+    return {"benchmarks": results, "table": table, "verification": verification}
+
+
+def verification_counts(results: dict[str, dict]) -> dict[str, int]:
+    """Verifier timeouts and retries over all benchmarks (from the records, so a resumed run counts
+    the same); both are 0 on a healthy run, whatever else the machine is doing."""
+    return {
+        "timeouts": sum(s.get("verify_timeouts", 0) for s in results.values()),
+        "retries": sum(s.get("verify_retries", 0) for s in results.values()),
+    }
+
+
+def verification_line(verification: dict[str, int]) -> str:
+    return (f"[avspo-eval] verifier: {verification['timeouts']} timeouts, {verification['retries']} samples "
+            "retried after overrunning the timeout")  # fmt: skip
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")

@@ -2,7 +2,8 @@
 
 Statuses: ``correct`` (reward 1), ``wrong``, ``no_answer`` (nothing to extract), ``unparsable``
 (extracted, but math-verify cannot read it, or over the length cap), ``timeout`` (set by the
-process pool), ``error`` (an exception; its text is kept). Only ``correct`` earns reward 1.
+process pool: two attempts each overran its timeout), ``error`` (an exception; its text is kept).
+Only ``correct`` earns reward 1.
 
 This function has no timeout of its own: math-verify's timeouts use SIGALRM, which does not work
 in threads or async actors. :class:`~avspo_openrlhf.rewards.pool.VerifierPool` runs it in worker
@@ -30,6 +31,7 @@ class VerifyResult:
     status: str
     pred: str | None = None  # the extracted answer
     detail: str = ""  # why (error text, cap hit, ...)
+    retries: int = 0  # attempts retried after overrunning the pool's timeout (0 or 1)
 
     @property
     def reward(self) -> float:
