@@ -7,6 +7,10 @@
    (``../experiments/remedies/README.md``) is mapped to the mounted page.
 2. ``<!-- generated: collapsed-group-advantages -->`` in a page becomes the table of the advantage
    each remedy gives a collapsed group, computed by the code at build time (never typed by hand).
+3. A study's generated page (``experiments/<study>/**/results*.md`` and the like, not its README) starts
+   with a heading naming its study, as the nav calls the study, and what the file holds
+   ("Async throughput: untuned-bf16 results"): the study writes the file without one, since its README
+   includes it, and the page would otherwise be titled after its file name ("Results").
 """
 
 from __future__ import annotations
@@ -127,7 +131,43 @@ def collapsed_group_table(g: int = 8) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _nav_titles(nav) -> dict[str, str]:
+    """``{page path: its title in the nav}`` of mkdocs.yml's nav."""
+    out: dict[str, str] = {}
+    for item in nav or []:
+        if isinstance(item, dict):
+            for title, value in item.items():
+                out.update(_nav_titles(value) if isinstance(value, list) else {value: title})
+    return out
+
+
+WORDS = {"acr": "ACR", "avx2": "AVX2"}  # how the file names' words are written in a title
+
+
+def generated_page_title(repo_path: str, nav_titles: dict[str, str]) -> str | None:
+    """The heading of a study's generated page: the study's nav title (its nearest README.md up the
+    tree), then the file's folders and name below the study, ``results`` said once, at the end
+    (``experiments/async_throughput/untuned-bf16/results.md``: "Async throughput: untuned-bf16
+    results"). None for a page that is not a study's generated one."""
+    if not repo_path.startswith("experiments/") or repo_path.endswith("/README.md"):
+        return None
+    folder = posixpath.dirname(repo_path)
+    while folder and not (ROOT / folder / "README.md").is_file():
+        folder = posixpath.dirname(folder)
+    readme = f"{folder}/README.md"
+    study = nav_titles.get(readme)
+    if not folder or study is None:
+        return None
+    parts = posixpath.relpath(repo_path[: -len(".md")], folder).split("/")
+    words = [w for part in parts if part != "results" for w in part.replace("_", " ").split()]
+    words = [WORDS.get(w, w) for w in words] + (["results"] if parts[-1] == "results" else [])
+    return f"{study}: {' '.join(words)}"
+
+
 def on_page_markdown(markdown, page, config, files):
+    title = generated_page_title(_repo_path(page), _nav_titles(config.nav))
+    if title and not markdown.lstrip().startswith("# "):
+        markdown = f"# {title}\n\n{markdown}"
     if TABLE_MARKER in markdown:
         markdown = markdown.replace(TABLE_MARKER, collapsed_group_table())
     return _rewrite_links(markdown, _repo_path(page))

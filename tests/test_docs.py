@@ -1,5 +1,6 @@
 """The manual: the README stays short, the docs site builds in strict mode (a broken link, a missing
-page or a missing included file fails), every page of the site is reachable from the docs index, and
+page or a missing included file fails) and reads well (no table left as text, every page titled, names in
+tables kept whole, wide tables scrolling), every page of the site is reachable from the docs index, and
 no hand-written page copies numbers that a study generates (study pages include or link their
 generated ``results*.md``: numbers typed by hand drift from the files they were copied from).
 
@@ -11,6 +12,7 @@ lone one-decimal number is not checked: the generated files hold a third of all 
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -183,15 +185,75 @@ def test_every_page_is_linked_from_the_docs_index():
     assert not missing, f"pages in the nav but not linked from docs/index.md: {missing}"
 
 
-def test_the_site_builds_in_strict_mode(tmp_path):
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory) -> subprocess.CompletedProcess:
+    """The site, built once for the tests below: ``mkdocs build --strict`` into a temporary folder."""
     pytest.importorskip("mkdocs", reason="the docs tools are not installed: pip install -r requirements-docs.txt")
     pytest.importorskip("material", reason="the docs tools are not installed: pip install -r requirements-docs.txt")
-    site = tmp_path / "site"
+    site = tmp_path_factory.mktemp("docs") / "site"
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(site)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+    proc.site = site
+    return proc
+
+
+@pytest.fixture
+def site(built_site) -> Path:
+    proc = built_site
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    return proc.site
+
+
+# a line of a paragraph that is a table row: Markdown left a table as text (a table must follow a blank line)
+TABLE_ROW = re.compile(r"^\s*\|.*\|.*\|\s*$", re.M)
+
+
+def raw_tables(page_html: str) -> list[str]:
+    """The table rows a page shows as text: lines starting and ending with ``|`` inside a paragraph."""
+    out = []
+    for paragraph in re.findall(r"<p>(.*?)</p>", page_html, re.S):
+        out += TABLE_ROW.findall(html.unescape(re.sub(r"<[^>]+>", "", paragraph)))
+    return out
+
+
+def test_the_raw_table_check_finds_a_table_glued_to_a_line_of_text():
+    glued = "<p>workload untuned: model tiny\n| mode | s/step |\n| --- | --- |\n| sync | 0.54 |</p>"
+    assert raw_tables(glued) == ["| mode | s/step |", "| --- | --- |", "| sync | 0.54 |"]
+    table = "<table><tr><td>| a | b |</td></tr></table><p>a | b, and `x | y`</p>"
+    assert raw_tables(table) == []
+
+
+def test_the_built_site_shows_no_table_as_text(site):
+    found = {
+        page.relative_to(site).as_posix(): rows[0].strip()
+        for page in sorted(site.rglob("*.html"))
+        if (rows := raw_tables(page.read_text(encoding="utf-8")))
+    }
+    assert not found, f"tables left as raw text (a table needs a blank line before it): {found}"
+
+
+def test_every_page_has_its_own_title(site):
+    """A generated page carries its study's title (docs/hooks.py), not its file name's "Results"."""
+    titles = {}
+    for page in sorted(site.rglob("index.html")):
+        m = re.search(r"<title>(.*?)</title>", page.read_text(encoding="utf-8"), re.S)
+        if m:
+            titles[page.relative_to(site).parent.as_posix()] = html.unescape(m.group(1)).rsplit(" - ", 1)[0].strip()
+    bare = sorted(p for p, t in titles.items() if t.lower() in ("results", "readme", "index", ""))
+    assert not bare, f"pages titled after their file name: {bare}"
+    assert titles["experiments/async_throughput/untuned-bf16/results"] == "Async throughput: untuned-bf16 results"
+
+
+def test_the_sites_stylesheet_keeps_names_whole_and_wide_tables_scrolling(site):
+    css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert re.search(r"table:not\(\[class\]\) code\s*\{\s*white-space: nowrap", css)
+    assert "overflow-x: auto" in css
+    assert 'href="../stylesheets/extra.css"' in (site / "flags" / "index.html").read_text(encoding="utf-8")
+
+
+def test_the_site_builds_in_strict_mode(site):
     # the study pages include their generated tables, and the remedy table is computed by the code
     remedies = (site / "experiments" / "remedies" / "index.html").read_text(encoding="utf-8")
     first_line = (ROOT / "experiments/remedies/results/results.md").read_text(encoding="utf-8").splitlines()[0]

@@ -326,6 +326,17 @@ def phases_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_page(d: dict) -> str:
+    """A ``<workload>-<precision>/results.md`` from its ``results.json`` (``--summary-only`` rebuilds
+    every one that way): the workload line, the results table and the phase times. A blank line before
+    each table: Markdown takes a table that follows a line of text for more of that paragraph."""
+    a = d["args"]
+    return (f"workload {d['workload']}: model {a['model']}, {a['prompts_per_step']} prompts x G={a['group_size']}, "
+            f"{a['max_new_tokens']} new tokens, {a['ppo_epochs']} PPO epochs, {a['steps']} steps, seeds {a['seeds']}, "
+            f"split {a['split']} (engine/training cores), backend {a['backend']}, precision {d['precision']}, "
+            f"{d['cpu']}\n\n{results_table(d['modes'])}\nmean phase times per step (s):\n\n{phases_table(d['modes'])}")  # fmt: skip
+
+
 def learning(a, root: Path) -> dict:
     """Held-out accuracy after the quickstart's 8 steps (SmolLM2, all cores) per mode and seed."""
     out = {}
@@ -400,8 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="modes compared by held-out accuracy (--learning)",
     )
     p.add_argument("--learning-seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the --learning runs")
-    p.add_argument("--summary-only", action="store_true", help="only rebuild the experiment folder's results.md from the "
-                   "results.json of every <workload>-<precision>/ folder")  # fmt: skip
+    p.add_argument("--summary-only", action="store_true", help="only rebuild the results.md of every "
+                   "<workload>-<precision>/ folder and the experiment folder's summary from their results.json")  # fmt: skip
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags for every run")
     return p
 
@@ -454,6 +465,10 @@ def main(here: Path, argv: list[str] | None = None) -> int:
     """The study; ``here`` is its experiment folder (the default results and the summary go there)."""
     a = build_parser().parse_args(argv)
     if a.summary_only:
+        for f in sorted(here.glob("*/results.json")):  # each combination's page, from its published numbers
+            d = json.loads(f.read_text())
+            if "workload" in d:
+                (f.parent / "results.md").write_text(results_page(d))
         (here / "results.md").write_text(summary(here))
         print((here / "results.md").read_text())
         return 0
@@ -476,16 +491,13 @@ def main(here: Path, argv: list[str] | None = None) -> int:
             measured.setdefault(mode, {})[seed] = measure(run)
     rows = analyse(measured)
     cpu = cpu_kind() if a.backend == "cpu" else "GPU"
-    text = [f"workload {name}: model {a.model}, {a.prompts_per_step} prompts x G={a.group_size}, {a.max_new_tokens} new tokens, "
-            f"{a.ppo_epochs} PPO epochs, {a.steps} steps, seeds {a.seeds}, split {a.split} (engine/training cores), "
-            f"backend {a.backend}, precision {precision}, {cpu}\n", results_table(rows),
-            "\nmean phase times per step (s):\n", phases_table(rows)]  # fmt: skip
-    (res_dir / "results.md").write_text("".join(text))
     keep = {mode: {s: {k: v for k, v in m.items() if not k.startswith("_") and k != "timeline"} for s, m in seeds.items()}
             for mode, seeds in measured.items()}  # fmt: skip
-    (res_dir / "results.json").write_text(json.dumps({"workload": name, "precision": precision, "cpu": cpu,
-                                                      "args": {k: v for k, v in vars(a).items()}, "modes": rows,
-                                                      "runs": keep}, indent=1, default=str))  # fmt: skip
+    published = {"workload": name, "precision": precision, "cpu": cpu, "args": {k: v for k, v in vars(a).items()},
+                 "modes": rows, "runs": keep}  # fmt: skip
+    (res_dir / "results.json").write_text(json.dumps(published, indent=1, default=str))
+    text = results_page(json.loads((res_dir / "results.json").read_text()))
+    (res_dir / "results.md").write_text(text)
     seed0 = a.seeds[0]
     gantt = {f"measured: {m}": (measured[m][seed0]["timeline"]["steps"], measured[m][seed0]["timeline"]["spans"])
              for m in ("sync", "async-q1", "async-q2") if m in measured}  # fmt: skip
@@ -500,7 +512,7 @@ def main(here: Path, argv: list[str] | None = None) -> int:
     curves = {m: {k: [measured[m][s][k] for s in measured[m]] for k in ("reward", "acr")} for m in measured}
     plot_curves(curves, "reward", str(res_dir / "reward_curves.png"), "mean reward",
                 f"throughput workload ({a.model}): the reward shows no learning, only that every mode ran")  # fmt: skip
-    print("".join(text))
+    print(text)
     if res_dir.resolve().parent == here:
         (here / "results.md").write_text(summary(here))
     if a.learning:
