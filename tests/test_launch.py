@@ -25,7 +25,8 @@ CONFIGS = sorted((ROOT / "launch_scripts" / "configs").glob("*.args"))
 SMOKE = ROOT / "launch_scripts" / "configs" / "tiny_cpu_smoke.args"  # not a paper row: the launcher's CPU smoke test
 PAPER_CONFIGS = [p for p in CONFIGS if p != SMOKE]
 FAKES = Path(__file__).parent / "fake_slurm"
-SHELL_SCRIPTS = [*SLURM.glob("*.sh"), SLURM / "avspo.sbatch", *ROOT.glob("*.sh"), *(ROOT / "launch_scripts").glob("*.sh"),
+SHELL_SCRIPTS = [*SLURM.glob("*.sh"), SLURM / "avspo.sbatch", SLURM / "remedies_study.sbatch",
+                 *(ROOT / "experiments" / "remedies_gpu").glob("*.sh"), *ROOT.glob("*.sh"), *(ROOT / "launch_scripts").glob("*.sh"),
                  ROOT / ".ci" / "run", ROOT / "eval" / "run_math_eval.sh", *(ROOT / "tests" / "slurm").glob("*.sh")]  # fmt: skip
 
 

@@ -32,25 +32,7 @@ from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.stats import t_halfwidth
 from avspo_openrlhf.study import acr, cells, tables
 from avspo_openrlhf.study.compare import compare, pooled_compare
-from avspo_openrlhf.study.tables import cpu_line, fmt_compare, mean_sd, precisions
-
-
-def pack_per_problem(per: dict[str, float], n: int) -> dict | dict[str, float]:
-    """A run's per-problem accuracies as the repository keeps them: the ids' common prefix and one
-    digit per problem, its correct samples of ``n`` (1,200 problems in 1.2 kB instead of ~40 kB).
-    Ids that are not ``prefix + 0..P-1`` or values that are not k/n stay a plain dict."""
-    ids = list(per)
-    prefix = ids[0].rsplit("/", 1)[0] + "/" if ids else ""
-    counts = [per.get(f"{prefix}{i}", -1.0) * n for i in range(len(ids))]
-    if n > 9 or any(c < 0 or abs(c - round(c)) > 1e-9 for c in counts):
-        return dict(per)
-    return {"n": n, "prefix": prefix, "correct": "".join(str(round(c)) for c in counts)}
-
-
-def unpack_per_problem(packed: dict) -> dict[str, float]:
-    if "correct" not in packed:
-        return dict(packed)
-    return {f"{packed['prefix']}{i}": int(c) / packed["n"] for i, c in enumerate(packed["correct"])}
+from avspo_openrlhf.study.tables import cpu_line, fmt_compare, mean_sd, pack_per_problem, precisions, unpack_per_problem
 
 
 def restore_published(out: Path, published: Path) -> list[str]:
@@ -504,7 +486,10 @@ class RemediesStudy:
         if not results:
             return
         methods = [m for m in self.methods if any(r["method"] == m for r in results)]
-        fig, axes = plt.subplots(1, 5, figsize=(24, 4.2))
+        # three rows of two (the sixth panel holds the legend), 1000 px wide: one row of five was 2400 px
+        # and showed at under a third of its size on the docs page (about 700 px of content), unreadable
+        fig, grid = plt.subplots(3, 2, figsize=(10, 11.5))
+        axes, legend_ax = grid.flat[:5], grid.flat[5]
         tok_end = min(r["generated_tokens"] for r in results)
         tok_grid = np.linspace(0, tok_end, 60)
         for i, m in enumerate(methods):
@@ -536,7 +521,9 @@ class RemediesStudy:
             ax.grid(alpha=0.3)
         for ax in (axes[0], axes[2], axes[3]):  # "16000" beside "14000" ran together at this width
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
-        axes[0].legend(fontsize=7, title="method (seeds)", title_fontsize=7)
+        legend_ax.axis("off")
+        legend_ax.legend(*axes[0].get_legend_handles_labels(), loc="center", title="method (seeds)", fontsize=11,
+                         title_fontsize=11)  # fmt: skip
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)

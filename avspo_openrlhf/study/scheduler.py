@@ -1,0 +1,149 @@
+"""Many runs of a study at once on one device: K (method, seed) runs, each in its own process
+(``python -m avspo_openrlhf.study.loop``), a new one started as soon as one ends.
+
+Separate processes, not threads or one batched model: each run keeps its own CUDA context, random
+streams and checkpoint, a crash ends one run, and a run is the same computation whether it ran
+alone or beside K - 1 others (tested on the CPU). A run that was killed (preemption, Ctrl-C, a
+node lost) resumes from its checkpoint when the study is started again; a run whose folder holds
+``result.json`` is done and is not started. SIGTERM/SIGINT stop the children the same way, so a
+Slurm job's time limit or ``scancel`` leaves every run resumable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from avspo_openrlhf.study.loop import RunSpec, atomic_write
+
+
+@dataclass(frozen=True)
+class Job:
+    spec: RunSpec
+    run_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+    def done(self) -> bool:
+        return (self.run_dir / "result.json").exists()
+
+    def result(self) -> dict:
+        return json.loads((self.run_dir / "result.json").read_text(encoding="utf-8"))
+
+
+def _start(job: Job, threads: int, env: dict[str, str]) -> subprocess.Popen:
+    job.run_dir.mkdir(parents=True, exist_ok=True)
+    request = job.run_dir / "spec.request.json"  # the loop checks it against the folder's spec.json
+    atomic_write(request, job.spec.to_json())
+    child_env = {**os.environ, **env}
+    if threads:  # torch's and OpenMP's pools: K runs must not each take every core
+        child_env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [sys.executable, "-m", "avspo_openrlhf.study.loop", str(request), str(job.run_dir)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    log = open(job.run_dir / "log.txt", "a", encoding="utf-8")  # noqa: SIM115 (closed when the run ends)
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+    finally:
+        log.close()  # the child holds its own copy
+
+
+def default_threads(k: int) -> int:
+    """CPU threads per run: the cores shared out among the K runs (at least one)."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, k))
+
+
+def run_jobs(
+    jobs: list[Job],
+    k: int,
+    *,
+    threads: int | None = None,
+    env: dict[str, str] | None = None,
+    on_done: Callable[[Job, int], None] | None = None,
+    log: Callable[[str], None] = print,
+    poll_s: float = 0.5,
+    start_until: float | None = None,
+) -> list[str]:
+    """Run ``jobs`` ``k`` at a time; ``on_done(job, returncode)`` after each. No run starts after
+    ``start_until`` (a ``time.monotonic()`` value: a job with a time limit lets its last runs finish
+    instead of killing them midway). Returns the names of the runs that failed (their ``log.txt``
+    says why; they resume when started again)."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    threads = default_threads(k) if threads is None else threads
+    pending = [j for j in jobs if not j.done()]
+    running: dict[str, tuple[Job, subprocess.Popen]] = {}
+    failed: list[str] = []
+    stopping = False
+
+    def stop(signum, _frame):
+        nonlocal stopping
+        stopping = True
+        for _, proc in running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        total = len(pending)
+        while (pending and not stopping) or running:
+            if start_until is not None and pending and time.monotonic() >= start_until:
+                log(f"[study] no new run after the time given: {len(pending)} left for a later call")
+                pending = []
+            while pending and len(running) < k and not stopping:
+                job = pending.pop(0)
+                running[job.name] = (job, _start(job, threads, env or {}))
+                log(f"[study] started {job.name} ({total - len(pending)}/{total}, {len(running)} running)")
+            for name, (job, proc) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del running[name]
+                if rc != 0 or not job.done():
+                    failed.append(name)
+                    log(f"[study] {name} failed (exit {rc}): see {job.run_dir / 'log.txt'}")
+                else:
+                    log(f"[study] {name} done")
+                if on_done is not None:
+                    on_done(job, rc)
+            time.sleep(poll_s)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if stopping:
+        raise KeyboardInterrupt("stopped: every run resumes from its checkpoint when the study is started again")
+    return failed
+
+
+def measure_throughput(make_jobs: Callable[[int], list[Job]], ks: list[int], full_budget: int,
+                       log: Callable[[str], None] = print) -> list[dict]:  # fmt: skip
+    """For each K in ``ks``: K training-only runs at once (``make_jobs(K)``, fresh folders), the wall
+    time from the first start to the last end and the generated tokens of all of them. A run of the
+    study stops at a token budget, so aggregate tokens per second is the unit of throughput; runs per
+    hour is that over ``full_budget`` (training only: the held-out evaluation is extra)."""
+    rows = []
+    for k in ks:
+        jobs = make_jobs(k)
+        t0 = time.perf_counter()
+        failed = run_jobs(jobs, k, log=log)
+        wall = time.perf_counter() - t0
+        if failed:
+            raise RuntimeError(f"throughput at K={k}: runs failed: {', '.join(failed)}")
+        res = [j.result() for j in jobs]
+        tokens = sum(r["generated_tokens"] for r in res)
+        steps = sum(r["steps"] for r in res)
+        step_s = sorted(r["train_s"] / r["steps"] for r in res)
+        rows.append({"k": k, "wall_s": wall, "tokens": tokens, "steps": steps, "tokens_per_s": tokens / wall,
+                     "runs_per_hour": 3600 * tokens / wall / full_budget, "median_step_s": step_s[len(step_s) // 2],
+                     "device": res[0]["device"], "precision": res[0]["precision"]})  # fmt: skip
+        log(f"[throughput] K={k}: {tokens / wall:.0f} generated tokens/s, {rows[-1]['runs_per_hour']:.1f} runs/hour")
+    return rows

@@ -1,0 +1,379 @@
+"""The GPU remedies study's loop, scheduler and report, on the CPU with the tiny random model: every
+arm trains, every run stops within one step's tokens of the budget, DAPO-DS pays for its refills,
+a killed run resumes exactly, runs side by side equal runs one at a time."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from avspo_openrlhf import stats
+from avspo_openrlhf.data.io import write_jsonl
+from avspo_openrlhf.data.tasks import synthetic_arithmetic
+from avspo_openrlhf.study import loop
+from avspo_openrlhf.study.loop import Arm, RunSpec, Settings
+from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, paired_t, seeds_for_halfwidth
+from avspo_openrlhf.study.scheduler import Job, run_jobs
+
+pytest.importorskip("transformers")
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+# the subprocesses import the test rewards from this folder
+ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+ARMS = {  # the study's arms (experiments/remedies_gpu/run.py) and each estimator family
+    "GRPO": Arm("grpo"),
+    "AVSPO": Arm("avspo", {"strategy": "stratified"}),
+    "AVSPO-opposite": Arm("avspo", {"strategy": "opposite"}),
+    "AVSPO-random": Arm("avspo", {"strategy": "random_uniform"}),
+    "sign": Arm("sign"),
+    "RL-ZVP": Arm("rl_zvp", {"std_convention": "population", "eps": 1e-6}),
+    "NGRPO": Arm("ngrpo"),
+    "DAPO-DS": Arm("grpo", dynamic=True),
+    "GRESO": Arm("grpo", dynamic=True, greso={}),
+    "random-reward": Arm("grpo", reward="random"),
+}
+SMALL = Settings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=1.0, lr=1e-3, token_budget=150,
+                 reward="study_reward:parity", acr={"tau_init": 0.25, "window": 2}, eval_n=2, mid_eval_every=2,
+                 mid_eval_problems=4, ckpt_every=2, micro_batch=4, gen_batch=16)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from avspo_openrlhf.cpu.models import prepare
+
+    root = tmp_path_factory.mktemp("study")
+    model = prepare("tiny", str(root / "tiny"))
+    train, heldout = str(root / "train.jsonl"), str(root / "heldout.jsonl")
+    write_jsonl(synthetic_arithmetic(8, ["add1", "mul1"], seed=0), train)
+    write_jsonl(synthetic_arithmetic(6, ["add1", "mul1"], seed=1000), heldout)
+    return {"model": model, "train": train, "heldout": heldout}
+
+
+@pytest.fixture(autouse=True)
+def _test_rewards_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def spec(assets, method="GRPO", seed=0, arm=None, **settings) -> RunSpec:
+    return RunSpec(method=method, seed=seed, arm=arm or ARMS[method], settings=dataclasses.replace(SMALL, **settings),
+                   model=assets["model"], train=assets["train"], heldout=assets["heldout"])  # fmt: skip
+
+
+def trajectory(res: dict) -> dict:
+    """What a run computed, without its clocks and its resume count."""
+    drop = {"train_s", "eval_s", "resumed"}
+    return {**{k: v for k, v in res.items() if k not in drop},
+            "curve": [{k: v for k, v in c.items() if k != "wall_s"} for c in res["curve"]]}  # fmt: skip
+
+
+@pytest.mark.parametrize("method", list(ARMS))
+def test_every_arm_trains_and_stops_at_the_token_budget(assets, tmp_path, method):
+    s = spec(assets, method)
+    run = loop.Run(s, tmp_path / "run")
+    start = [p.detach().clone() for p in run.policy.model.parameters()]
+    run.train(log=lambda _: None)
+    res = run.result()
+    budget = s.settings.token_budget
+    # the first step whose tokens reach the budget is the last: within one step's tokens of it
+    assert budget <= res["generated_tokens"] < budget + res["last_step_tokens"]
+    assert res["generated_tokens"] == sum(c["step_tokens"] for c in res["curve"]) and res["steps"] == len(res["curve"])
+    assert res["heldout_problems"] == 6 and 0.0 <= res["heldout_pass1"] <= 1.0
+    assert set(res["heldout_by_level"]) == {"add1", "mul1"} and res["mid_evals"]
+    assert all(math.isfinite(c["loss"]) for c in res["curve"] if c["groups_trained"])
+    assert res["precision"] == {"weights": "fp32", "compute": "fp32"} and "cores" in res["device"]
+    # it trained: the weights moved
+    assert any(not torch.equal(a, b) for a, b in zip(run.policy.model.parameters(), start))
+    if method == "random-reward":  # trained on the coin, while the task reward is still measured
+        assert any(c["reward"] != c["task_reward"] for c in res["curve"])
+    if method in ("sign", "RL-ZVP", "DAPO-DS"):
+        # every trained group carries a signal: these remedies act on every collapsed group, DS drops them
+        assert res["groups_accepted"] == res["groups_trained"] > 0
+    else:
+        assert 0 < res["groups_accepted"] <= res["groups_trained"]
+
+
+def test_dapo_ds_counts_the_refill_generation(assets, tmp_path, monkeypatch):
+    """Every generated token is charged to the budget, also those of groups DS dropped."""
+    generated = []
+    real = loop.Policy.generate
+
+    def counting(self, problems, n, *a, **k):
+        ro = real(self, problems, n, *a, **k)
+        generated.append((len(problems), ro.tokens))
+        return ro
+
+    monkeypatch.setattr(loop.Policy, "generate", counting)
+    s = spec(assets, "DAPO-DS", reward="study_reward:half_collapsed", final_eval=False, mid_eval_every=0,
+             token_budget=300)  # fmt: skip
+    res = loop.run(s, tmp_path / "run", log=lambda _: None)
+    assert res["generated_tokens"] == sum(t for _, t in generated)
+    assert res["groups_generated"] == sum(p for p, _ in generated)
+    # odd answers collapse: DS dropped groups and generated more than it trained on
+    assert res["groups_generated"] > res["groups_trained"] == res["groups_accepted"]
+    assert any(c["groups_generated"] > s.settings.prompts_per_step for c in res["curve"])
+    grpo = loop.run(spec(assets, "GRPO", reward="study_reward:half_collapsed", final_eval=False, mid_eval_every=0,
+                         token_budget=300), tmp_path / "grpo", log=lambda _: None)  # fmt: skip
+    assert grpo["groups_generated"] == grpo["groups_trained"] > grpo["groups_accepted"]
+
+
+def _start(spec_: RunSpec, run_dir: Path, env: dict) -> subprocess.Popen:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "request.json").write_text(spec_.to_json())
+    return subprocess.Popen([sys.executable, "-m", "avspo_openrlhf.study.loop", str(run_dir / "request.json"),
+                             str(run_dir), "--threads", "1"], env={**os.environ, **ENV, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_a_killed_run_resumes_exactly(assets, tmp_path):
+    s = spec(assets, "AVSPO", reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=600, mid_eval_every=0)
+    whole = _start(s, tmp_path / "whole", {})
+    assert whole.wait(timeout=300) == 0, whole.stdout.read()
+    # the same run, hung in its 5th step's reward (4 steps x 2 prompts x G 4 = 32 calls before it), killed there
+    hung = tmp_path / "hung"
+    proc = _start(s, tmp_path / "killed", {"STUDY_TEST_HANG_AT": "33", "STUDY_TEST_HUNG_FILE": str(hung)})
+    deadline = time.monotonic() + 300
+    while not hung.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "no hang"
+        time.sleep(0.05)
+    # while it lives, a second process on its folder (an orphan of a killed scheduler) fails at once
+    second = _start(s, tmp_path / "killed", {})
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode != 0 and "in use by" in out, out
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert (tmp_path / "killed" / "ckpt.pt").exists() and not (tmp_path / "killed" / "result.json").exists()
+    again = _start(s, tmp_path / "killed", {})
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0 and "resumed at step 4" in out, out
+    a = json.loads((tmp_path / "whole" / "result.json").read_text())
+    b = json.loads((tmp_path / "killed" / "result.json").read_text())
+    assert b["resumed"] == 1 and a["resumed"] == 0
+    assert trajectory(a) == trajectory(b)  # bit for bit: advantages, losses, evaluations
+    # the live log holds each step once: the steps after the checkpoint were not kept twice
+    lines = (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(1, b["steps"] + 1))
+
+
+def test_a_changed_spec_is_refused_in_a_run_folder(assets, tmp_path):
+    loop.run(spec(assets, token_budget=40, final_eval=False), tmp_path / "r", log=lambda _: None)
+    (tmp_path / "r" / "result.json").unlink()
+    with pytest.raises(ValueError, match="holds a run of another spec"):
+        loop.run(spec(assets, token_budget=80, final_eval=False), tmp_path / "r", log=lambda _: None)
+
+
+def test_runs_side_by_side_equal_runs_one_at_a_time(assets, tmp_path):
+    jobs = lambda folder: [Job(spec(assets, m, seed=sd), tmp_path / folder / f"{m}_seed{sd}")  # noqa: E731
+                           for m, sd in (("GRPO", 0), ("AVSPO", 1))]  # fmt: skip
+    log = []
+    assert run_jobs(jobs("one"), 1, threads=1, env=ENV, log=log.append) == []
+    assert run_jobs(jobs("two"), 2, threads=1, env=ENV, log=log.append) == []
+    assert any("2 running" in line for line in log)  # the second call really ran them at once
+    for a, b in zip(jobs("one"), jobs("two")):
+        assert trajectory(a.result()) == trajectory(b.result())
+    # a finished run is not started again
+    log.clear()
+    assert run_jobs(jobs("two"), 2, threads=1, env=ENV, log=log.append) == [] and not log
+
+
+def test_a_failing_run_is_reported_and_the_others_finish(assets, tmp_path):
+    bad = dataclasses.replace(spec(assets), model=str(tmp_path / "no-model"))
+    jobs = [Job(bad, tmp_path / "bad"), Job(spec(assets, token_budget=40), tmp_path / "good")]
+    log = []
+    assert run_jobs(jobs, 2, threads=1, env=ENV, log=log.append) == ["bad"]
+    assert jobs[1].done() and "see " in " ".join(log)
+
+
+# ── configuration mistakes, refused when built ──
+
+
+@pytest.mark.parametrize(
+    "build, field",
+    [
+        (lambda: Arm("bogus"), "Arm.estimator"),
+        (lambda: Arm("avspo", {"alpha": -1}), "alpha"),
+        (lambda: Arm("avspo", {"alfa": 0.5}), "alfa"),
+        (lambda: Arm("grpo", reward="coin"), "Arm.reward"),
+        (lambda: Arm("grpo", greso={"audit": 0.1}), "Arm.greso.audit"),
+        (lambda: Settings(group_size=1), "Settings.group_size"),
+        (lambda: Settings(token_budget=0), "Settings.token_budget"),
+        (lambda: Settings(dtype="fp16"), "Settings.dtype"),
+        (lambda: Settings(acr={"windoww": 3}), "windoww"),
+        (lambda: Settings(reward="nonsense"), "Settings.reward"),
+    ],
+)
+def test_a_mistake_is_refused_naming_the_field(build, field):
+    with pytest.raises(ValueError, match=field):
+        build()
+
+
+def test_a_malformed_problem_row_names_file_and_line(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "x"}\n')
+    with pytest.raises(ValueError, match=r"p\.jsonl:2: a row needs"):
+        loop.read_rows(str(f))
+
+
+# ── the study: its statistics, report, command ──
+
+
+def _fake_run(method: str, seed: int, per: dict[str, float], mid=()) -> dict:
+    return {"method": method, "seed": seed, "per_problem": per, "eval_n": 4, "heldout_pass1": sum(per.values()) / len(per),
+            "steps": 10, "generated_tokens": 1000, "accepted_per_mtok": 500.0, "acr_raw": 0.5, "acr_effective": 0.1,
+            "train_s": 60.0, "mid_evals": list(mid), "device": "NVIDIA H100 80GB HBM3",
+            "precision": {"weights": "fp32", "compute": "bf16 autocast"}, "resumed": 0}  # fmt: skip
+
+
+def test_paired_t_and_power_closed_forms():
+    ids = [f"arith/1000/{i}" for i in range(4)]
+    base = {i: 0.5 for i in ids}
+    runs = [_fake_run("GRPO", s, base) for s in range(3)]
+    runs += [_fake_run("AVSPO", s, {i: 0.5 + d for i in ids}) for s, d in enumerate([0.0, 0.25, 0.5])]
+    c = paired_t(runs, "AVSPO", "GRPO")
+    assert c["seeds"] == 3 and c["diff"] == pytest.approx(0.25) and c["sd"] == pytest.approx(0.25)
+    half = stats.t_quantile(0.975, 2) * 0.25 / math.sqrt(3)  # t(0.975, 2) = 4.303
+    assert c["halfwidth"] == pytest.approx(half) and c["ci95"] == pytest.approx([0.25 - half, 0.25 + half])
+    assert c["p_sign_flip"] == pytest.approx(4 / 8)  # d = (0, .25, .5): |sum| = .75 when .25 and .5 share a sign
+    assert paired_t(runs, "GRPO", "GRPO") is None and paired_t(runs[:1] + runs[3:4], "AVSPO", "GRPO") is None
+    # paired sd 5.5 points (the CPU study's): 16 seeds for a half-width of 3 points, 32 for 2 (with the t
+    # quantile; the normal's 1.96 would say 29), none of either below
+    assert seeds_for_halfwidth(0.055, 0.03) == 16 and seeds_for_halfwidth(0.055, 0.02) == 32
+    assert stats.t_quantile(0.975, 14) * 0.055 / math.sqrt(15) > 0.03
+
+
+def test_sign_flip_p_is_exact_beyond_twenty_pairs():
+    rng = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 12):  # against the enumeration of every pattern
+        d = (torch.rand(n, generator=rng) - 0.4).tolist()
+        signs = torch.tensor([[1 - 2 * ((m >> j) & 1) for j in range(n)] for m in range(2**n)], dtype=torch.float64)
+        brute = float(((signs @ torch.tensor(d, dtype=torch.float64)).abs() >= abs(sum(d)) - 1e-12).double().mean())
+        assert stats.sign_flip_p(d) == pytest.approx(brute, abs=1e-15)
+    assert stats.sign_flip_p([0.01] * 29) == 2 / 2**29  # all one way: only the two extreme patterns reach it
+    with pytest.raises(ValueError, match="40 pairs"):
+        stats.sign_flip_p([1.0] * 41)
+
+
+def _study(**kw) -> GPURemediesStudy:
+    base = dict(levels=("add1", "mul1"), train_prompts=8, heldout=6, settings=SMALL,
+                arms={"GRPO": ARMS["GRPO"], "AVSPO": ARMS["AVSPO"], "DAPO-DS": ARMS["DAPO-DS"],
+                      "random-reward": ARMS["random-reward"]},
+                seeds={"GRPO": 3, "AVSPO": 3, "DAPO-DS": 2, "random-reward": 1}, primary=("GRPO", "AVSPO", "DAPO-DS"),
+                pilot={"GRPO": 2, "AVSPO": 2})  # fmt: skip
+    return GPURemediesStudy(**{**base, **kw})
+
+
+def test_the_run_order_is_primary_arms_seed_by_seed_then_the_rest():
+    st = _study()
+    assert st.order(list(st.arms), None) == [("GRPO", 0), ("AVSPO", 0), ("DAPO-DS", 0), ("GRPO", 1), ("AVSPO", 1),
+                                             ("DAPO-DS", 1), ("GRPO", 2), ("AVSPO", 2), ("random-reward", 0)]  # fmt: skip
+    assert st.order(list(st.arms), None, pilot=True) == [("GRPO", 0), ("AVSPO", 0), ("GRPO", 1), ("AVSPO", 1)]
+    with pytest.raises(ValueError, match="NGRPO"):
+        _study(primary=("GRPO", "NGRPO"))
+
+
+def test_the_report_is_generated_from_the_runs(tmp_path):
+    ids = [f"arith/1000/{i}" for i in range(4)]
+    mid = [{"step": 5, "tokens": 500, "pass1": 0.3}, {"step": 10, "tokens": 1000, "pass1": 0.6}]
+    runs = [_fake_run("GRPO", s, {i: 0.5 for i in ids}, mid) for s in range(3)]
+    runs += [_fake_run("AVSPO", s, {i: 0.75 for i in ids}, mid[:1]) for s in range(3)]
+    st = _study()
+    for r in runs:
+        st.publish_run(r, tmp_path / "pub")
+    collected = st.collect(tmp_path / "none", tmp_path / "pub")
+    assert sorted((r["method"], r["seed"]) for r in collected) == sorted((r["method"], r["seed"]) for r in runs)
+    assert {r["seed"]: r["per_problem"] for r in collected if r["method"] == "AVSPO"}[0] == {i: 0.75 for i in ids}
+    text = st.report(collected, tmp_path / "pub")
+    assert "| AVSPO | 3 (3) | 75.0 ± 0.0 | +25.0 [+25.0, +25.0], p=0.250 (3) | - |" in text
+    assert "| GRPO | 10.0 ± 0.0 | 1,000 ± 0 | 1,000 (3/3) |" in text and "- (0/3)" in text
+    assert "NVIDIA H100 80GB HBM3 (6 runs)" in text
+    summary = json.loads((tmp_path / "pub" / "results.json").read_text())["summary"]
+    assert summary["AVSPO"]["vs_GRPO"]["seeds"] == 3 and (tmp_path / "pub" / "accuracy_vs_tokens.png").exists()
+
+
+def _study_cmd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "experiments" / "remedies_gpu" / "run.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **ENV})  # fmt: skip
+
+
+def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path):
+    r = _study_cmd("--dry-run", "--out", str(tmp_path / "o"), "--shard", "1/4", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    # 80 primary runs + 40 others, every 4th from the second: 30, the first of them AVSPO seed 0
+    assert "30 runs to start (shard 1/4, 0 finished): AVSPO seed 0, GRPO seed 1, DAPO-DS seed 1, " in r.stdout
+    r = _study_cmd("--dry-run", "--pilot", "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert "12 runs to start" in r.stdout, r.stderr
+    for args, msg in [(("--shard", "4/4"), "--shard"), (("--k", "0"), "--k must be"),
+                      (("--model", str(tmp_path)), "--model"), (("--train", "nope.jsonl"), "--train: no such file"),
+                      (("--budget", "0"), "token_budget")]:  # fmt: skip
+        r = _study_cmd("--dry-run", "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+
+
+def test_the_slurm_array_script_runs_its_share(tmp_path):
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "8", "AVSPO_OUT": str(tmp_path / "o"),
+           "AVSPO_PUBLISH": str(tmp_path / "pub"), "AVSPO_PYTHON": sys.executable}  # fmt: skip
+    env.pop("SLURM_JOB_ID", None)
+    r = subprocess.run(["bash", str(REPO / "launch_scripts" / "slurm" / "remedies_study.sbatch"), "--dry-run"],
+                       env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "15 runs to start (shard 2/8, 0 finished): sign seed 0, GRPO seed 2, " in r.stdout
+
+
+def test_the_study_needs_no_ray_vllm_deepspeed_or_openrlhf():
+    """A bare GPU machine with torch and transformers runs the study as a user's GPU does."""
+    code = ("import sys; import avspo_openrlhf.study.remedies_gpu, avspo_openrlhf.study.scheduler, "
+            "avspo_openrlhf.cpu.models; "
+            "print(sorted(m for m in ('openrlhf', 'ray', 'vllm', 'deepspeed', 'trl', 'verl') if m in sys.modules))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
+def test_an_empty_study_reports_the_runs_missing(tmp_path):
+    text = _study().report([], tmp_path)
+    assert (
+        "No run has finished yet" in text and "GRPO 3 of 3, AVSPO 3 of 3, DAPO-DS 2 of 2, random-reward 1 of 1" in text
+    )
+
+
+def test_the_throughput_table_measures_k_runs_at_once(assets, tmp_path):
+    r = _study_cmd("--throughput", "1,2", "--throughput-budget", "60", "--model", assets["model"], "--out",
+                   str(tmp_path / "o"), "--publish", str(tmp_path / "pub"), cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr + r.stdout
+    rows = json.loads((tmp_path / "pub" / "throughput.json").read_text())
+    assert [x["k"] for x in rows] == [1, 2] and all(x["tokens"] >= 60 * x["k"] for x in rows)
+    assert all(x["runs_per_hour"] == pytest.approx(3600 * x["tokens_per_s"] / 64_000) for x in rows)
+    assert "| 2 |" in (tmp_path / "pub" / "throughput.md").read_text() and "cores" in rows[0]["device"]
+
+
+def test_no_run_starts_after_the_time_given(assets, tmp_path):
+    log = []
+    jobs = [Job(spec(assets, token_budget=40), tmp_path / "a")]
+    assert run_jobs(jobs, 1, threads=1, env=ENV, log=log.append, start_until=time.monotonic() - 1) == []
+    assert not jobs[0].done() and "no new run after the time given: 1 left" in log[0]
+
+
+def test_the_bf16_autocast_path_the_gpu_takes_runs_here(assets, tmp_path):
+    """The GPU's precision (fp32 weights, bf16 autocast), exercised on the CPU: generation, the
+    training forward and RL-ZVP's entropies under autocast give finite losses."""
+    res = loop.run(spec(assets, "RL-ZVP", dtype="bf16", token_budget=60, mid_eval_every=0), tmp_path / "r",
+                   log=lambda _: None)  # fmt: skip
+    assert res["precision"] == {"weights": "fp32", "compute": "bf16 autocast"}
+    assert all(math.isfinite(c["loss"]) and math.isfinite(c["token_adv_abs_mean"]) for c in res["curve"])
+
+
+def test_the_task_rewards():
+    arith = loop.reward_function("arith")
+    assert arith(["so 3 + 4 = \\boxed{7}", "it is 8", "no idea"], ["7", "7", "7"]) == [1.0, 0.0, 0.0]
+    math_ = loop.reward_function("math")  # math-verify, in the pool of verifier processes
+    assert math_(["so \\boxed{\\frac{1}{2}}", "\\boxed{3}"], ["0.5", "4"]) == [1.0, 0.0]
+    assert loop.reward_function("study_reward:parity")(["ab", "abc"], ["1", "1"]) == [1.0, 0.0]
