@@ -391,7 +391,7 @@ def read_rows(path: str) -> list[dict]:
     return rows
 
 
-def _tensorboard(folder: Path):
+def tensorboard_writer(folder: Path):
     """A TensorBoard writer (x axis: generated tokens, the study's budget unit), or None where
     tensorboard is not installed (a bare GPU machine: metrics.jsonl has the same numbers)."""
     try:
@@ -628,7 +628,7 @@ class Run:
         # the steps so far, one JSON line each, for watching a run live (TensorBoard too, where installed);
         # rewritten from the checkpoint's curve on resume, so a step after the checkpoint is not there twice
         atomic_write(self.dir / "metrics.jsonl", "".join(json.dumps(c) + "\n" for c in st["curve"]))
-        tb = _tensorboard(self.dir / "tensorboard")
+        tb = tensorboard_writer(self.dir / "tensorboard")
         while st["tokens"] < s.token_budget and st["step"] < s.max_steps:
             row = self.step()
             with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
