@@ -128,25 +128,11 @@ def build_configs(
     return remedy, config, acr_cfg, monitor_cfg
 
 
-def build_controller(
-    remedy: str | None,
-    *,
-    std_convention: str,
-    eps: float,
-    options: Any = None,
-    acr: Any = None,
-    monitor: Any = None,
-    seed: int = 0,
-    given: dict[str, dict[str, Any]] | None = None,
-    names: Names = GENERIC,
-) -> CollapseController:
-    """The :class:`CollapseController` of one run (see :func:`build_configs`); ``seed`` seeds the
-    generator of random virtual rewards (AVSPO ``random_uniform``), unless the remedy's config has
-    a ``seed``."""
-    remedy, config, acr_cfg, monitor_cfg = build_configs(
-        remedy, std_convention=std_convention, eps=eps, options=options, acr=acr, monitor=monitor,
-        given=given, names=names,
-    )  # fmt: skip
+def build_controller(remedy: str | None, *, seed: int = 0, **configs: Any) -> CollapseController:
+    """The :class:`CollapseController` of one run: ``configs`` are :func:`build_configs`'s keywords
+    (every value checked there); ``seed`` seeds the generator of random virtual rewards (AVSPO
+    ``random_uniform``), unless the remedy's config has a ``seed``."""
+    remedy, config, acr_cfg, monitor_cfg = build_configs(remedy, **configs)
     if getattr(config, "seed", None) is not None:
         seed = config.seed
     return CollapseController(remedy, config, acr=acr_cfg, monitor=monitor_cfg, seed=int(seed))

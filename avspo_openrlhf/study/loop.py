@@ -51,6 +51,7 @@ from avspo_openrlhf.algo import (
     collapse_stats,
     zero_variance_sign,
 )
+from avspo_openrlhf.data.io import DataError, iter_raw
 from avspo_openrlhf.data.tasks import TEMPLATES, make_prompt
 from avspo_openrlhf.folder_lock import lock_folder
 
@@ -374,20 +375,15 @@ def atomic_write(path: Path, text: str) -> None:
 def read_rows(path: str) -> list[dict]:
     """A jsonl of problems: each row needs ``problem`` and ``answer``; a bad row names file and line."""
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict) or "problem" not in row or "answer" not in row:
-                raise ValueError(f"{path}:{i}: a row needs 'problem' and 'answer'")
-            row.setdefault("unique_id", f"{Path(path).stem}/{i - 1}")
-            rows.append(row)
+    for i, row in iter_raw(path):
+        if isinstance(row, Exception):
+            raise DataError(f"{path}:{i}: {row}")
+        if not isinstance(row, dict) or "problem" not in row or "answer" not in row:
+            raise DataError(f"{path}:{i}: a row needs 'problem' and 'answer'")
+        row.setdefault("unique_id", f"{Path(path).stem}/{len(rows)}")
+        rows.append(row)
     if not rows:
-        raise ValueError(f"{path}: no problems")
+        raise DataError(f"{path}: no problems")
     return rows
 
 
@@ -562,7 +558,8 @@ class Run:
         mask = ro.mask.float()
         total = mask.sum().clamp_min(1.0)
         adv = adv.reshape(-1).to(self.policy.device)
-        sign = zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range).repeat_interleave(s.group_size)
+        sign = (zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range).repeat_interleave(s.group_size)
+                if ctrl.needs_entropy else None)  # fmt: skip
         loss_sum, ent_sum, tok_adv_sum = 0.0, 0.0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for i in range(0, ro.ids.shape[0], s.micro_batch):
