@@ -7,7 +7,7 @@ its chunked log-prob kernel), without Ray or DeepSpeed:
 - experience: the no-grad forward for the old-policy log-probs (``make_experience``);
   ``before`` adds a second no-grad forward over the zero-variance rows (``return_entropy``, what
   the policy actor's ``token_entropy`` ran); ``after`` gets those rows' entropies from the first
-  forward (``trainer/entropy.py: log_probs_and_entropy``, what the policy actor runs now);
+  forward (``trainer/token_level.py: log_probs_and_entropy``, what the policy actor runs now);
 - train: one forward + backward over the batch (PPO's clipped ratio loss) and an AdamW step.
 
 With ``--old-pass skipped`` (the CPU backend's quickstart: one optimizer step per rollout batch, no
@@ -96,7 +96,7 @@ def main() -> None:
     install_gpu_module_stubs()  # OpenRLHF imports flash_attn at module top
     from openrlhf.models import Actor
 
-    from avspo_openrlhf.trainer.entropy import log_probs_and_entropy
+    from avspo_openrlhf.trainer.token_level import log_probs_and_entropy
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(args.model, tmp, dtype)

@@ -89,7 +89,7 @@ def collapsed_group_table(g: int = 8) -> str:
     for comparison, of a mixed group with one right answer), from the estimators themselves."""
     import torch
 
-    from avspo_openrlhf.algo import AVSPOConfig, GRPOConfig, NGRPOConfig, RLZVPConfig, group_advantages
+    from avspo_openrlhf.algo import ESTIMATORS, AVSPOConfig, GRPOConfig, NGRPOConfig, RLZVPConfig, group_advantages
 
     rewards = torch.tensor([[1.0] * g, [0.0] * g, [1.0] + [0.0] * (g - 1)], dtype=torch.float64)
 
@@ -98,7 +98,10 @@ def collapsed_group_table(g: int = 8) -> str:
         picked = (adv[0, 0].item(), adv[1, 0].item(), adv[2, 0].item(), adv[2, 1].item())
         return [f"{v:+.3f}" if abs(v) >= 5e-4 else "0" for v in picked]
 
+    shown = set()
+
     def row(name, flag, estimator, config=None, collapsed=None):
+        shown.add(estimator)
         right, wrong, mixed_right, mixed_wrong = values(estimator, config)
         right, wrong = collapsed or (right, wrong)
         return f"| {name} | {flag} | {right} | {wrong} | {mixed_right} / {mixed_wrong} |"
@@ -107,12 +110,12 @@ def collapsed_group_table(g: int = 8) -> str:
     rows = [
         f"| remedy | flag | all-right group | all-wrong group | mixed group, 1 of {g} right: right / wrong |",
         "| --- | --- | --- | --- | --- |",
-        row("GRPO, population std (the paper's)", "(pure API)", "grpo"),
-        row("GRPO, unbiased std (OpenRLHF's `group_norm`)", "(none)", "grpo", GRPOConfig("unbiased", 1e-9)),
-        row("Dr. GRPO (centred only)", "(pure API)", "dr_grpo"),
+        row("GRPO, population std (the paper's)", "`--remedy grpo`", "grpo"),
+        row("GRPO, unbiased std (OpenRLHF's `group_norm`)", "`--remedy none`", "grpo", GRPOConfig("unbiased", 1e-9)),
+        row("Dr. GRPO (centred only)", "`--remedy dr_grpo`", "dr_grpo"),
     ]
     rows += [
-        row(f"AVSPO, stratified, K = {k}", "`--avspo.enable`", "avspo", AVSPOConfig(num_virtual=k))
+        row(f"AVSPO, stratified, K = {k}", "`--remedy avspo`", "avspo", AVSPOConfig(num_virtual=k))
         for k in (1, g // 2, g)
     ]
     rows += [
@@ -122,12 +125,17 @@ def collapsed_group_table(g: int = 8) -> str:
             "avspo",
             AVSPOConfig(strategy="opposite"),
         ),
-        row("NGRPO", "`--ngrpo.enable`", "ngrpo", NGRPOConfig()),
-        row("sign advantage", "`--sign.enable`", "sign"),
+        row("NGRPO", "`--remedy ngrpo`", "ngrpo", NGRPOConfig()),
+        row("sign advantage", "`--remedy sign`", "sign"),
         row(
-            f"RL-ZVP (per token; α = {alpha})", "`--rl_zvp.enable`", "rl_zvp", collapsed=("+α·H_t", "−α·(max H − H_t)")
+            f"RL-ZVP (per token; α = {alpha})", "`--remedy rl_zvp`", "rl_zvp", collapsed=("+α·H_t", "−α·(max H − H_t)")
         ),
     ]
+    # a remedy added to the registry appears with its defaults, titled by its config's docstring
+    for name, entry in ESTIMATORS.items():
+        if name not in shown and entry.token_fn is None:
+            title = (entry.config.__doc__ or name).strip().splitlines()[0].split(" (``")[0] if entry.config else name
+            rows.append(row(title, f"`--remedy {name}`", name))
     return "\n".join(rows) + "\n"
 
 

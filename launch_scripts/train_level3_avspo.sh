@@ -23,7 +23,7 @@ avspo-train \
   --train.num_episodes 1 --data.max_samples 500 \
   --rollout.temperature 1.0 --rollout.max_new_tokens 1024 --data.max_len 2048 \
   --actor.adam.lr 1e-6 --actor.eps_clip 0.2 --algo.kl.init_coef 0 \
-  --avspo.enable --avspo.strategy stratified --acr.window 25 \
+  --remedy avspo --avspo.strategy stratified --acr.window 25 \
   --logger.tensorboard_dir "${OUT:-runs/level3_avspo}"/tb \
   --ckpt.path "${OUT:-runs/level3_avspo}"/ckpt --ckpt.save_steps 50 --ckpt.load_enable \
   --ckpt.output_dir "${OUT:-runs/level3_avspo}"/final

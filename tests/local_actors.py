@@ -56,7 +56,7 @@ class ScriptedPolicyGroup(LocalGroup):
         return None
 
     def forward(self, sequences, action_mask, attention_mask, entropy_rows=None, **_):
-        from avspo_openrlhf.trainer.entropy import ForwardWithEntropy
+        from avspo_openrlhf.trainer.token_level import ForwardWithEntropy
 
         self.calls.append("forward")
         tokens = sequences[:, -action_mask.shape[1] :].float()

@@ -513,7 +513,7 @@ OPTION_CLASSES = [ACRConfig, AVSPOConfig, NGRPOConfig, RLZVPConfig, SignConfig, 
         (ACRConfig, dict(ema_decay=float("nan")), "ACRConfig.ema_decay must be a finite number, got nan"),
         (ACRConfig, dict(window=2.5), "ACRConfig.window must be an integer, got 2.5"),
         (ACRConfig, dict(window=True), "ACRConfig.window must be an integer, got True"),
-        (AVSPOConfig, dict(enable="yes"), "AVSPOConfig.enable must be True or False, got 'yes'"),
+        (NGRPOConfig, dict(gated="yes"), "NGRPOConfig.gated must be True or False, got 'yes'"),
         (
             AVSPOConfig,
             dict(num_virtual=2, strategy="opposite"),

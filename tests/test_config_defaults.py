@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -79,10 +80,10 @@ def test_algorithm_defaults_equal_the_options():
     assert greso.p == {"easy": gr.p_easy, "hard": gr.p_hard} and greso.p_bounds == gr.p_bounds
     assert (greso.delta, greso.min_keep, greso.tol) == (gr.delta, gr.min_keep, acr.tol)
     # every remedy is one registry entry plus one config: its flag group (when it has one) is that config
-    from avspo_openrlhf.trainer.config import GROUPS, REMEDIES
+    from avspo_openrlhf.trainer.config import _remedy_choices, groups
 
-    assert set(REMEDIES) <= set(ESTIMATORS)
-    assert all(GROUPS[name][1] is ESTIMATORS[name].config for name in REMEDIES)
+    assert _remedy_choices() == ["none", *ESTIMATORS]
+    assert all(groups()[name][1] is e.config for name, e in ESTIMATORS.items() if e.config is not None)
 
 
 BATCH = [[1.0] * 8, [0.0] * 8, [1.0, 0.0] * 4, [1.0] * 6 + [0.0] * 2, [0.25] * 8]
@@ -220,11 +221,11 @@ def test_every_flag_group_checks_itself_when_built_and_argparse_offers_the_same_
     import argparse
 
     from avspo_openrlhf.algo.options import OptionError
-    from avspo_openrlhf.trainer.config import FLAGS, GROUPS, add_args
+    from avspo_openrlhf.trainer.config import add_args, flags, groups
 
     parser = add_args(argparse.ArgumentParser(add_help=False))
     outside = {">0": 0, ">=0": -1, ">=1": 0, ">=2": 1, "[0,1]": 1.5, "[0,1)": 1, "(0,1]": 0, "(0,1)": 1}
-    for ns, (_, cls) in GROUPS.items():
+    for ns, (_, cls) in groups().items():
         cls()  # the defaults are valid
         for f in dataclasses.fields(cls):
             ann, flag = str(f.type), f"--{ns}.{f.name}"
@@ -239,4 +240,17 @@ def test_every_flag_group_checks_itself_when_built_and_argparse_offers_the_same_
             for value in bad:
                 with pytest.raises(OptionError, match=rf"^{cls.__name__}\.{f.name} "):
                     cls(**{f.name: value})
-    assert all("valid" not in kw and "order" not in kw for flags in FLAGS.values() for _, kw in flags)
+    assert all("valid" not in kw and "order" not in kw for group in flags().values() for _, kw in group)
+
+
+def test_docs_metric_names_of_trl_and_verl_are_the_mapping_the_code_uses():
+    """One mapping of metric names across the front-ends: every row of docs/metrics.md's table is what
+    ``framework_metrics`` (TRL's trainer, ``measure_acr``, verl's ``acr_metrics``) makes of the name."""
+    from avspo_openrlhf.integrations import framework_metrics
+
+    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    table = text.split("<!-- metric-names:", 1)[1].split("<!-- /metric-names -->", 1)[0]
+    rows = [re.findall(r"`([^`]+)`", line) for line in table.splitlines()[3:] if line.startswith("| `")]
+    assert len(rows) >= 10
+    for ours, theirs, *_ in rows:  # TRL logs its own frac_reward_zero_std: the mapping drops ours
+        assert list(framework_metrics({ours: 0.0})) == ([] if ours == "frac_reward_zero_std" else [theirs]), ours

@@ -39,7 +39,7 @@ def _flags(assets, out: Path, *extra):
         "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "4",
         "--rollout.batch_size", "4", "--rollout.micro_batch_size", "8", "--train.batch_size", "16",
         "--train.micro_batch_size", "8", "--rollout.max_new_tokens", "12", "--data.max_len", "96",
-        "--algo.kl.init_coef", "0", "--avspo.enable", "--acr.window", "1", "--acr.tau_init", "0.2",
+        "--algo.kl.init_coef", "0", "--remedy", "avspo", "--acr.window", "1", "--acr.tau_init", "0.2",
         "--ds.zero_stage", "2", "--actor.adam.lr", "1e-2", "--actor.lr_warmup_ratio", "0",
         "--ckpt.path", str(out / "ckpt"), "--ckpt.save_steps", "1", "--ckpt.output_dir", str(out / "final"),
         "--report.dir", str(out / "report"), "--logger.tensorboard_dir", str(out / "tb"), *extra,

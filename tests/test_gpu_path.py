@@ -189,7 +189,7 @@ def _check_trainer_parts(trainer_instance, args_expected):
     return RemedySamplesGenerator
 
 
-EXPECTED = {"avspo.enable": True, "avspo.strategy": "stratified", "acr.window": 25, "rollout.n_samples_per_prompt": 8,
+EXPECTED = {"remedy": "avspo", "avspo.strategy": "stratified", "acr.window": 25, "rollout.n_samples_per_prompt": 8,
             "actor.adam.lr": 1e-6, "ckpt.save_steps": 50}  # fmt: skip
 
 

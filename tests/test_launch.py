@@ -294,7 +294,7 @@ def test_every_config_parses_with_the_real_parser(path):
     assert args.actor.adam.lr == 1e-6 and args.data.max_samples == 500
     assert args.reward.remote_url[0].endswith("openrlhf_reward.py") and os.path.isabs(args.reward.remote_url[0])
     name = path.stem
-    assert args.avspo.enable == ("_avspo" in name)
+    assert args.remedy == ("avspo" if "_avspo" in name else "none")
     if name.endswith("_dapo"):
         assert args.dynamic.std_filter and tuple(args.actor.eps_clip_low_high) == (0.2, 0.28)
         assert args.algo.kl.use_loss and args.algo.kl.estimator == "k3" and args.reward.overlong_buffer_len == 256

@@ -22,7 +22,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  #
 from avspo_openrlhf.trainer.experience_maker import RemedyExperienceMaker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-OUR_FLAGS = [f for flags in config.FLAGS.values() for f, _ in flags]
+OUR_FLAGS = ["--remedy", "--plugin", *(f for flags in config.flags().values() for f, _ in flags)]
 
 
 # ── CLI ──
@@ -39,9 +39,9 @@ def test_help_lists_openrlhf_and_our_flags(capsys):
 
 
 def test_flags_parse_into_namespaces_with_openrlhf_validation():
-    args = parse("--avspo.enable", "--avspo.strategy", "opposite", "--acr.window", "1", "--buffer.max_staleness", "2",
+    args = parse("--remedy", "avspo", "--avspo.strategy", "opposite", "--acr.window", "1", "--buffer.max_staleness", "2",
                  "--actor.eps_clip", "0.2")  # fmt: skip
-    assert args.avspo.enable and args.avspo.strategy == "opposite" and args.acr.window == 1
+    assert args.remedy == "avspo" and args.avspo.strategy == "opposite" and args.acr.window == 1
     assert args.buffer.max_staleness == 2
     assert args.actor.eps_clip_low_high == (0.2, 0.2)  # OpenRLHF's own post-parse validation ran
     assert args.reward.remote_url == ["reward.py"]
@@ -51,21 +51,24 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
 @pytest.mark.parametrize(
     "flags, msg",
     [
-        (["--avspo.enable", "--algo.advantage.estimator", "rloo"], "group_norm"),
-        (["--avspo.enable", "--acr.tau_init", "0.95"], "tau_bounds"),
+        (["--remedy", "avspo", "--algo.advantage.estimator", "rloo"], "group_norm"),
+        (["--remedy", "avspo", "--acr.tau_init", "0.95"], "tau_bounds"),
         (["--acr.tau_init", "1.5"], "--acr.tau_init must be in [0, 1], got 1.5"),  # AVSPO off: still built, in an actor
         (["--acr.tau_bounds", "0.5", "1.5"], "--acr.tau_bounds must lie in [0, 1], got (0.5, 1.5)"),  # ACR is a rate
         (["--run.max_steps", "-3"], "--run.max_steps must be >= 1"),
         (["--data.max_len", "8", "--rollout.max_new_tokens", "12"], "leaves no room for a prompt"),
-        (["--avspo.enable", "--avspo.alpha", "-1"], "--avspo.alpha must be > 0, got -1.0"),
-        (["--avspo.enable", "--avspo.strategy", "opposite", "--avspo.num_virtual", "2"], "--avspo.num_virtual cannot"),
+        (["--remedy", "avspo", "--avspo.alpha", "-1"], "--avspo.alpha must be > 0, got -1.0"),
+        (
+            ["--remedy", "avspo", "--avspo.strategy", "opposite", "--avspo.num_virtual", "2"],
+            "--avspo.num_virtual cannot",
+        ),
         (["--actor.eps_clip", "-0.2"], "--actor.eps_clip must be > 0"),
         (["--actor.eps_clip_low_high", "0.2", "-0.1"], "--actor.eps_clip_low_high must be >= 0"),
         (["--actor.lr_warmup_ratio", "2"], "--actor.lr_warmup_ratio must be in [0, 1]"),
         (["--dynamic.std_filter", "--algo.dynamic_filtering_enable"], "not both"),
         (["--acr.reward_range", "1", "0"], "LO < HI"),
         (["--train.async_enable", "--buffer.max_staleness", "0"], ">= 1 in async"),
-        (["--avspo.enable", "--algo.advantage.estimator", "reinforce"], "group_norm"),
+        (["--remedy", "avspo", "--algo.advantage.estimator", "reinforce"], "group_norm"),
         (["--backend", "cpu", "--cpu.engine_cores", "0", "--cpu.train_cores", "0"], "disjoint"),
         (["--backend", "cpu", "--cpu.engine_cores", "9999"], "not available"),
         (["--backend", "cpu", "--cpu.train_cores", "x-1"], "cpulist"),
@@ -118,21 +121,22 @@ def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():
     from dataclasses import FrozenInstanceError
 
     assert config.settings(SimpleNamespace()) == config.Settings()  # args built without our parser
-    args = parse("--avspo.enable", "--avspo.alpha", "0.7", "--acr.window", "3", "--monitor.stop_on_alarm", "kl_drift",
-                 "acr_stall", "--avspo.num_virtual", "4", "--monitor.disable_entropy")  # fmt: skip
+    args = parse("--remedy", "avspo", "--avspo.alpha", "0.7", "--acr.window", "3", "--monitor.stop_on_alarm", "kl_drift",
+                 "acr_stall", "--monitor.kl_bound", "0.1", "--avspo.num_virtual", "4", "--monitor.disable_entropy")  # fmt: skip
     cfg = config.settings(args)
-    assert cfg.avspo.alpha == 0.7 and cfg.acr.window == 3 and cfg.monitor.stop_on_alarm == ("kl_drift", "acr_stall")
+    assert cfg.remedy == "avspo" and cfg.remedy_config.alpha == 0.7 and cfg.remedy_config.strategy == "stratified"
+    assert cfg.acr.window == 3 and cfg.monitor.stop_on_alarm == ("kl_drift", "acr_stall")
     with pytest.raises(FrozenInstanceError):
-        cfg.avspo.alpha = 1.0
+        cfg.remedy_config.alpha = 1.0
     ctrl = config.build_controller(args)
     # the controller holds the typed configs themselves (tests/test_config_defaults.py checks that each
     # field changes what it does)
-    assert ctrl.estimator == "avspo" and ctrl.config == cfg.avspo and ctrl.acr == cfg.acr
+    assert ctrl.estimator == "avspo" and ctrl.config == cfg.remedy_config and ctrl.acr == cfg.acr
     assert ctrl.config.alpha == 0.7 and ctrl.config.num_virtual == 4
     assert ctrl.tracker.recent.maxlen == 3 and ctrl.entropy is None
     for remedy in ("ngrpo", "rl_zvp", "sign"):
-        ctrl = config.build_controller(parse(f"--{remedy}.enable"))
-        assert ctrl.estimator == remedy and ctrl.config.enable
+        ctrl = config.build_controller(parse("--remedy", remedy))
+        assert ctrl.estimator == remedy and ctrl.config == type(ctrl.config)()  # its defaults
 
 
 def test_parsing_patches_nothing_and_leaves_openrlhf_main_untouched():
@@ -146,8 +150,8 @@ def test_parsing_patches_nothing_and_leaves_openrlhf_main_untouched():
                (main_mod, "train"), (main_mod, "argparse")]  # fmt: skip
     before = [getattr(o, n) for o, n in watched]
     globals_before = set(vars(main_mod))
-    args = parse("--avspo.enable")
-    assert args.avspo.enable and args.actor.eps_clip_low_high == (0.2, 0.2)
+    args = parse("--remedy", "avspo")
+    assert args.remedy == "avspo" and args.actor.eps_clip_low_high == (0.2, 0.2)
     assert [getattr(o, n) for o, n in watched] == before
     assert set(vars(main_mod)) == globals_before  # the __main__ block ran in a copy of its namespace
 
@@ -209,7 +213,7 @@ def test_documented_gpu_command_parses_with_the_real_parser(where):
     if where == "README.md":
         text = text.split("<!-- gpu-command -->", 1)[1]
     args = parse(*_command(text), base=[])
-    assert args.avspo.enable and args.rollout.n_samples_per_prompt == 8
+    assert args.remedy == "avspo" and args.rollout.n_samples_per_prompt == 8
     assert args.rollout.temperature == 1.0 and args.actor.adam.lr == 1e-6 and args.actor.eps_clip == 0.2
     assert args.algo.kl.init_coef == 0 and args.algo.advantage.estimator == "group_norm"
     assert "Qwen2.5-Math-1.5B" in args.actor.model_name_or_path
@@ -240,7 +244,7 @@ REWARDS = torch.tensor(
 @pytest.mark.parametrize("avspo", [False, True])
 def test_maker_equals_openrlhf_group_norm_when_off_or_gate_closed(avspo):
     flags = (
-        ["--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9"]
+        ["--remedy", "avspo", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9"]
         if avspo
         else []
     )
@@ -260,7 +264,7 @@ def test_maker_equals_openrlhf_group_norm_when_off_or_gate_closed(avspo):
 
 
 def test_maker_gives_algorithm_md_numbers_with_the_gate_open_and_keeps_kl():
-    args = parse("--avspo.enable", "--acr.window", "1", "--acr.tau_init", "0.3")
+    args = parse("--remedy", "avspo", "--acr.window", "1", "--acr.tau_init", "0.3")
     kl_coef = 0.05
     ours, e1, _ = _both(args, rollout_samples(REWARDS), kl_coef=kl_coef)
     m = ours.last_metrics
@@ -284,7 +288,15 @@ def test_overlong_penalty_is_applied_before_the_group_statistics():
     lengths = torch.full((4, 8), 4)
     lengths[1, 0] = 12  # an all-wrong group with one overlong sample: a "phantom" advantage
     args = parse(
-        *flags, "--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9", "--acr.tau_init", "0.9"
+        *flags,
+        "--remedy",
+        "avspo",
+        "--avspo.std_convention",
+        "unbiased",
+        "--avspo.eps",
+        "1e-9",
+        "--acr.tau_init",
+        "0.9",
     )
     ours, e1, e2 = _both(args, rollout_samples(REWARDS, lengths))
     for a, b in zip(e1, e2):
@@ -320,7 +332,7 @@ def test_a_verification_timeout_is_an_unscored_completion(avspo):
     their reward 0 as ever, so on the shaped view (what is trained on) group 2 is mixed."""
     timeout = torch.zeros(4, 8, dtype=torch.bool)
     timeout[2] = REWARDS[2] == 0
-    flags = ["--avspo.enable", "--acr.tau_init", "0.3"] if avspo else []
+    flags = ["--remedy", "avspo", "--acr.tau_init", "0.3"] if avspo else []
     args = parse(*flags, "--acr.window", "1")
     ours = make_maker(args, RemedyExperienceMaker)
     theirs = make_maker(copy.deepcopy(args), RemoteExperienceMaker)
@@ -372,7 +384,7 @@ def _trainer(args):
 
 
 def test_state_is_saved_in_checkpoints_and_restored_exactly():
-    args = parse("--avspo.enable", "--acr.window", "2", "--ckpt.save_steps", "3")
+    args = parse("--remedy", "avspo", "--acr.window", "2", "--ckpt.save_steps", "3")
     t = _trainer(args)
     gen = torch.Generator().manual_seed(0)
     batches = [(torch.rand(4, 8, generator=gen) < p).float() for p in (0.1, 0.9, 0.5, 0.05, 0.95, 0.5)]
@@ -396,11 +408,13 @@ def test_a_checkpoint_written_before_the_rename_resumes_exactly():
     """tests/fixtures/client_states_4799b8b.json: the client states 4799b8b's trainer saved (key
     ``avspo_state``) and what its controller computed on the next batches; today's trainer resumes
     from them and computes the same."""
-    from avspo_openrlhf.trainer.trainers import LEGACY_STATE_KEYS, STATE_KEY
+    from avspo_openrlhf.trainer.remedy_state import LEGACY_STATE_KEYS, STATE_KEY
 
     old = json.loads((Path(__file__).parent / "fixtures" / "client_states_4799b8b.json").read_text())
     assert "avspo_state" in old["client_states"] and "avspo_state" in LEGACY_STATE_KEYS and STATE_KEY != "avspo_state"
-    t = _trainer(parse(*old["flags"]))
+    # its command chose AVSPO with the switch before --remedy (docs/flags.md#choosing-the-remedy)
+    flags = [w for f in old["flags"] for w in (["--remedy", f.split(".")[0][2:]] if f.endswith(".enable") else [f])]
+    t = _trainer(parse(*flags))
     t.restore_best_checkpoint_state(old["client_states"])
     assert t.policy_version == 3 and t.controller.steps == 3
     for batch in old["continuation"]:

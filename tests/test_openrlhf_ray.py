@@ -54,16 +54,16 @@ def _tokenizer(path):
 def test_our_flags_reach_a_ray_actor(local_ray):
     from openrlhf.utils import get_strategy
 
-    args = parse("--avspo.enable", "--avspo.alpha", "0.7", "--acr.window", "3", "--buffer.max_staleness", "2")
+    args = parse("--remedy", "avspo", "--avspo.alpha", "0.7", "--acr.window", "3", "--buffer.max_staleness", "2")
     strategy = get_strategy(args)
 
     @ray.remote(num_cpus=0)
     class Reader:
         def read(self, strategy):
             a = strategy.args
-            return a.avspo.enable, a.avspo.alpha, a.acr.window, a.buffer.max_staleness, a.rollout.n_samples_per_prompt
+            return a.remedy, a.avspo.alpha, a.acr.window, a.buffer.max_staleness, a.rollout.n_samples_per_prompt
 
-    assert ray.get(Reader.remote().read.remote(strategy)) == (True, 0.7, 3, 2, 8)
+    assert ray.get(Reader.remote().read.remote(strategy)) == ("avspo", 0.7, 3, 2, 8)
 
 
 SCRIPT = {

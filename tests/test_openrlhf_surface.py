@@ -23,8 +23,8 @@ PRIVATE = {
     "_load_agent_executor": ("trainer/ray/vllm_engine.py", "CPUEngine loads the reward/agent file like RolloutRayActor"),
     "_mm_pad_token_ids": ("trainer/ray/vllm_engine.py", "CPUEngine sets it: RolloutRayActor's generate path reads it"),
     "_partial_rollout": ("trainer/ppo_trainer_async.py", "our TrainingActor.broadcast_to_vllm reads it"),
-    "_dispatch_forward": ("trainer/ppo_utils/experience_maker.py", "overridden: the policy's forward also returns RL-ZVP's entropies"),
-    "_flatten_results": ("trainer/ppo_utils/experience_maker.py", "overridden: splits the policy's log-probs from RL-ZVP's entropies"),
+    "_dispatch_forward": ("trainer/ppo_utils/experience_maker.py", "overridden (trainer/token_level.py): the policy's forward also returns a token-level remedy's entropies"),
+    "_flatten_results": ("trainer/ppo_utils/experience_maker.py", "overridden (trainer/token_level.py): splits the policy's log-probs from those entropies"),
     "_read_ckpt_metric": ("utils/deepspeed/deepspeed.py", "CrashSafeStrategy evicts in OpenRLHF's order (metric)"),
     "_master_port": ("trainer/ray/launcher.py", "CPU actors serve the rendezvous store on loopback and set the port it reads"),
 }  # fmt: skip

@@ -265,29 +265,41 @@ def test_the_dataloader_state_carries_the_greso_state():
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--avspo.enable", "--ngrpo.enable"], "--avspo.enable and --ngrpo.enable: choose one advantage remedy"),
-        (["--ngrpo.enable", "--rl_zvp.enable"], "choose one advantage remedy"),
-        (["--sign.enable", "--avspo.enable"], "choose one advantage remedy"),
         (
-            ["--ngrpo.enable", "--algo.advantage.estimator", "rloo"],
-            "--ngrpo.enable needs --algo.advantage.estimator group_norm",
+            ["--remedy", "avspo", "--ngrpo.num_max", "2"],
+            "--ngrpo.num_max is an option of --remedy ngrpo, but --remedy is avspo: drop it, or choose --remedy ngrpo",
         ),
-        (["--rl_zvp.enable", "--rl_zvp.alpha", "0"], "--rl_zvp.alpha must be > 0"),
-        (["--ngrpo.enable", "--ngrpo.num_max", "0"], "--ngrpo.num_max must be >= 1, got 0"),
-        (["--sign.enable", "--sign.eps", "-1"], "--sign.eps must be >= 0"),
+        (
+            ["--remedy", "ngrpo", "--avspo.alpha", "0.5"],
+            "--avspo.alpha is an option of --remedy avspo, but --remedy is ngrpo",
+        ),
+        (["--sign.scope", "all"], "--sign.scope is an option of --remedy sign, but --remedy is none"),
+        (["--remedy", "avpso"], "argument --remedy: invalid choice: 'avpso'"),
+        (["--avspo.enable"], "--avspo.enable was replaced by --remedy avspo"),
+        (
+            ["--remedy", "ngrpo", "--algo.advantage.estimator", "rloo"],
+            "--remedy ngrpo needs --algo.advantage.estimator group_norm",
+        ),
+        (["--remedy", "rl_zvp", "--rl_zvp.alpha", "0"], "--rl_zvp.alpha must be > 0"),
+        (["--remedy", "ngrpo", "--ngrpo.num_max", "0"], "--ngrpo.num_max must be >= 1, got 0"),
+        (["--remedy", "sign", "--sign.eps", "-1"], "--sign.eps must be >= 0"),
+        (
+            ["--monitor.stop_on_alarm", "kl_drift"],
+            "--monitor.stop_on_alarm names kl_drift, which needs --monitor.kl_bound (the KL-drift alarm is off)",
+        ),
         (
             ["--greso.enable", "--greso.p_easy", "0.99"],
             "--greso.p_easy must lie within --greso.p_bounds [0.05, 0.95], got 0.99",
         ),  # fmt: skip
         (["--greso.enable", "--greso.audit", "2"], "--greso.audit must be in [0, 1], got 2.0"),
         (["--run.max_generated_tokens", "0"], "--run.max_generated_tokens must be >= 1"),
-        (["--avspo.enable", "--avspo.alpha", "-1"], "--avspo.alpha must be > 0, got -1.0"),
+        (["--remedy", "avspo", "--avspo.alpha", "-1"], "--avspo.alpha must be > 0, got -1.0"),
         (["--acr.tau_init", "2"], "--acr.tau_init must be in [0, 1], got 2.0"),
         (["--acr.tau_init", "0.95"], "--acr.tau_init must lie within --acr.tau_bounds [0.1, 0.9], got 0.95"),
         (["--acr.window", "0"], "--acr.window must be >= 1, got 0"),
         (["--acr.reward_range", "1", "0"], "--acr.reward_range needs LO < HI, got 1.0 0.0"),
         (
-            ["--avspo.enable", "--avspo.num_virtual", "2", "--avspo.strategy", "opposite"],
+            ["--remedy", "avspo", "--avspo.num_virtual", "2", "--avspo.strategy", "opposite"],
             "--avspo.num_virtual cannot be combined with --avspo.strategy opposite",
         ),  # fmt: skip
         (["--monitor.kl_bound", "-0.1"], "--monitor.kl_bound must be >= 0, got -0.1"),
@@ -302,34 +314,35 @@ def test_remedy_flags_fail_in_one_line_before_ray(tmp_path, capsys, extra, messa
     assert message in _fails(capsys, [*flags, *extra])
 
 
-def test_a_value_no_run_can_mean_is_refused_even_for_a_remedy_that_does_not_run(tmp_path, capsys):
-    """Valid by construction: every group's config is built (and checks itself) whether or not its
-    remedy runs, so an impossible value in a shared config file is reported, naming its flag; a
-    valid value of another remedy does not stop an NGRPO run, whose controller reads NGRPO's config alone."""
+def test_only_the_chosen_remedys_options_are_read_and_its_defaults_fill_the_rest(tmp_path, capsys):
+    """One way to choose: ``--remedy``; another remedy's option is refused (not ignored), even at a
+    valid value; the chosen remedy's config has its defaults where no flag was given."""
+    from avspo_openrlhf.algo import NGRPOConfig
     from avspo_openrlhf.trainer.config import build_controller
 
     flags = _flags(tmp_path, _rows(tmp_path, GOOD))
-    assert "--avspo.alpha must be > 0, got -1.0" in _fails(capsys, [*flags, "--ngrpo.enable", "--avspo.alpha", "-1"])
-    assert "--rl_zvp.alpha must be > 0, got 0.0" in _fails(capsys, [*flags, "--ngrpo.enable", "--rl_zvp.alpha", "0"])
-    args = run([*flags, "--ngrpo.enable", "--avspo.alpha", "0.9", "--rl_zvp.alpha", "0.3"], dry_run=True)
-    controller = build_controller(args)
-    assert controller.estimator == "ngrpo" and type(controller.config).__name__ == "NGRPOConfig"
+    assert "--avspo.alpha is an option of --remedy avspo" in _fails(capsys, [*flags, "--remedy", "ngrpo", "--avspo.alpha", "0.5"])  # fmt: skip
+    controller = build_controller(run([*flags, "--remedy", "ngrpo", "--ngrpo.num_max", "2"], dry_run=True))
+    assert controller.estimator == "ngrpo" and controller.config == NGRPOConfig(num_max=2)
+    assert build_controller(run(flags, dry_run=True)).estimator is None  # --remedy none: OpenRLHF's own
 
 
 def test_every_old_flag_spelling_fails_in_one_line_naming_the_new_one(tmp_path, capsys):
-    from avspo_openrlhf.trainer.config import RENAMED_FLAGS
+    from avspo_openrlhf.trainer.config import renamed_flags
 
     flags = _flags(tmp_path, _rows(tmp_path, GOOD))
-    for old, new in RENAMED_FLAGS.items():
+    old_switches = {f"--{r}.enable" for r in ("avspo", "ngrpo", "rl_zvp", "sign")}
+    assert old_switches <= set(renamed_flags())  # the switches before --remedy
+    for old, new in renamed_flags().items():
         with pytest.raises(SystemExit) as e:
             main([*flags, old, "0.3"])
         err = capsys.readouterr().err.strip().splitlines()
-        assert e.value.code == 2 and err == [f"avspo-train: error: {old} was renamed {new}"]
+        assert e.value.code == 2 and err == [f"avspo-train: error: {old} was replaced by {new}"]
     # and from a config file (@file) as well
-    (tmp_path / "old.args").write_text("--rlzvp.enable\n")
+    (tmp_path / "old.args").write_text("--rlzvp.enable\n--avspo.enable\n")
     with pytest.raises(SystemExit):
         main([*flags, f"@{tmp_path / 'old.args'}"])
-    assert capsys.readouterr().err.strip() == "avspo-train: error: --rlzvp.enable was renamed --rl_zvp.enable"
+    assert capsys.readouterr().err.strip() == "avspo-train: error: --rlzvp.enable was replaced by --remedy rl_zvp"
 
 
 # ── through avspo-train --backend cpu (tiny model) ──
@@ -346,8 +359,8 @@ def cpu_run():
 
 def _remedy_flags(pipeline, assets, out, *extra):
     flags = pipeline._flags(assets, out, *extra)
-    flags.remove("--avspo.enable")
-    return flags
+    i = flags.index("--remedy")
+    return flags[:i] + flags[i + 2 :]
 
 
 @pytest.mark.slow
@@ -356,7 +369,9 @@ def test_ngrpo_and_rl_zvp_train_through_avspo_train(cpu_run, tmp_path_factory):
 
     assets = _assets(tmp_path_factory)
     out = tmp_path_factory.mktemp("ngrpo")
-    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--ngrpo.enable", "--actor.eps_clip_low_high", "0.16", "0.24"))
+    cpu_run._train(
+        _remedy_flags(cpu_run, assets, out, "--remedy", "ngrpo", "--actor.eps_clip_low_high", "0.16", "0.24")
+    )
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     assert len(rows) == 8 and all(r["gate_open"] == 1.0 and r["num_virtual_k"] == 1.0 for r in rows)
     # only all-right groups stay collapsed under NGRPO
@@ -365,7 +380,7 @@ def test_ngrpo_and_rl_zvp_train_through_avspo_train(cpu_run, tmp_path_factory):
     assert all(r["tokens/generated"] > 0 for r in rows)
 
     out = tmp_path_factory.mktemp("rl_zvp")
-    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--rl_zvp.enable"))
+    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--remedy", "rl_zvp"))
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     assert len(rows) == 8 and all(r["acr_effective"] == 0.0 for r in rows)
     n_samples = 16  # 4 prompts x G=4 per step
@@ -387,7 +402,7 @@ def test_greso_with_avspo_skips_stops_at_the_token_budget_and_resumes_its_histor
     assets = _assets(tmp_path_factory)
     out = tmp_path_factory.mktemp("greso")
     common = ["--greso.enable", "--greso.audit", "0.5", "--greso.p_hard", "0.05", "--greso.p_easy", "0.05",
-              "--train.num_episodes", "6", "--ckpt.load_enable", "--avspo.enable"]  # fmt: skip
+              "--train.num_episodes", "6", "--ckpt.load_enable", "--remedy", "avspo"]  # fmt: skip
     # part 1: 10 steps (two passes over the 32 prompts at 4 per step, and two more steps)
     cpu_run._train(_remedy_flags(cpu_run, assets, out, *common, "--run.max_steps", "10"))
     first, _ = read_metrics(str(out / "report" / "metrics.jsonl"))

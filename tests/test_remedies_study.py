@@ -32,7 +32,7 @@ def study():
         levels=("add1", "mul1", "add2", "multi"), train_prompts=32, heldout=300, heldout_extra=900, token_budget=16_000,
         settings={"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 32, "temperature": 0.7, "lr": 1e-5,
                   "dtype": "fp32", "eval_n": 4},
-        methods={"GRPO": [], "AVSPO": ["--avspo.enable"], "DAPO-DS": ["--dynamic.std_filter"], "NGRPO": ["--ngrpo.enable"]},
+        methods={"GRPO": [], "AVSPO": ["--remedy", "avspo"], "DAPO-DS": ["--dynamic.std_filter"], "NGRPO": ["--remedy", "ngrpo"]},
         min_seeds={"GRPO": 5, "AVSPO": 5, "DAPO-DS": 5, "NGRPO": 5}, baselines=("GRPO", "DAPO-DS"),
     )  # fmt: skip
 

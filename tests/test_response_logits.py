@@ -55,8 +55,8 @@ def test_log_probs_entropies_logits_and_gradients_equal_openrlhfs(tmp_path):
 
 
 def test_rl_zvps_entropies_through_the_response_only_forward(tmp_path):
-    from avspo_openrlhf.trainer.entropy import log_probs_and_entropy
     from avspo_openrlhf.trainer.response_logits import use_response_logits
+    from avspo_openrlhf.trainer.token_level import log_probs_and_entropy
 
     ours, theirs = _actors(tmp_path)
     use_response_logits(ours)

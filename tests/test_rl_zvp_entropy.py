@@ -1,5 +1,5 @@
 """RL-ZVP's token entropies come from the policy's log-prob forward that ``make_experience`` already
-runs (trainer/entropy.py), for the zero-variance responses only: no second forward pass. Checked
+runs (trainer/token_level.py), for the zero-variance responses only: no second forward pass. Checked
 with a scripted policy group (fast), then with the tiny model's real policy actor on CPU DeepSpeed
 (forward calls per step counted against GRPO's). The OpenRLHF names the hook relies on are guarded
 at the end."""
@@ -16,7 +16,7 @@ from orl import parse, rollout_samples, sample_advantage
 pytest.importorskip("openrlhf")
 
 from avspo_openrlhf.algo import CollapseController, RLZVPConfig, zero_variance_sign  # noqa: E402
-from avspo_openrlhf.trainer.experience_maker import TOKEN_ENTROPY  # noqa: E402
+from avspo_openrlhf.trainer.token_level import KEPT_ENTROPY, TOKEN_REQUEST, zero_variance_rows  # noqa: E402
 
 G = 4
 REWARDS = torch.tensor([[1.0, 1, 1, 1], [1, 0, 1, 0], [0, 0, 0, 0]])  # all-right, mixed, all-wrong
@@ -30,7 +30,7 @@ def _in_process(monkeypatch):
 
 def _args(*flags):
     return parse("--rollout.n_samples_per_prompt", str(G), "--rollout.batch_size", "3",
-                 "--rollout.micro_batch_size", "4", "--rl_zvp.enable", *flags)  # fmt: skip
+                 "--rollout.micro_batch_size", "4", "--remedy", "rl_zvp", *flags)  # fmt: skip
 
 
 def test_the_log_prob_forward_brings_the_entropies_of_exactly_the_zero_variance_responses():
@@ -44,7 +44,7 @@ def test_the_log_prob_forward_brings_the_entropies_of_exactly_the_zero_variance_
     want, _ = CollapseController("rl_zvp").step(REWARDS, REWARDS)
     assert torch.allclose(got[1], want[1].float())  # the mixed group: GRPO
     for e in exps:
-        assert not hasattr(e, TOKEN_ENTROPY)  # used once, not carried into training
+        assert not hasattr(e, KEPT_ENTROPY)  # used once, not carried into training
         rows = sign[torch.tensor(e.index) // G] != 0
         mask = e.action_mask[rows]
         tokens = e.sequences[rows][:, -mask.shape[1] :].float()
@@ -63,7 +63,8 @@ def test_rows_follow_the_shaped_reward_and_missing_entropies_fail_in_one_line():
     samples[1].truncated = torch.tensor([True])
     group = ScriptedPolicyGroup()
     maker = maker_for(args, group)
-    rows = maker._rows_needing_entropy(maker.split_rollout_samples(samples))
+    c = maker.controller
+    rows = zero_variance_rows(maker.split_rollout_samples(samples), args, c.tol, c.reward_range)
     assert torch.cat(rows).tolist() == [False] * 8 + [True] * 4
     exps = maker.make_experience_batch(samples)
     assert maker.last_metrics["rl_zvp/zero_variance_samples"] == 4
@@ -149,8 +150,6 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
             controller = CollapseController(name, None)
             maker = maker_for(args, LocalGroup(actor), controller=controller)
             assert maker.entropy_in_training is (name == "rl_zvp" and actor.reuse_old)
-            if name == "rl_zvp" and actor.reuse_old:  # the actor built its own from the same args
-                step.token_advantages = controller.token_advantages
             calls.clear()
             exps = maker.make_experience_batch(rollout_samples(REWARDS, LENGTHS, prompt_len=5))
             experience_calls = len(calls)
@@ -177,7 +176,7 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
                 actor.append(e)
             status = actor.fit(kl_ctl=0.0)
             assert math.isfinite(float(status["policy_loss"]))
-            assert "_zero_variance_sign" not in status  # taken out of info before OpenRLHF logs it
+            assert TOKEN_REQUEST not in status  # taken out of info before OpenRLHF logs it
             if ref_entropy:  # the training forward's entropies are logged as the maker's would be
                 assert status["rl_zvp/entropy_mean"] == pytest.approx(float(torch.cat(ref_entropy).mean()), rel=1e-4)
                 assert status["rl_zvp/token_adv_abs_mean"] > 0
@@ -215,7 +214,7 @@ def test_the_policy_actor_forward_and_actor_still_take_what_the_mixin_passes():
     from openrlhf.trainer.ray.launcher import BaseModelActor
     from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-    from avspo_openrlhf.trainer.actors import TokenEntropyMixin
+    from avspo_openrlhf.trainer.token_level import TokenEntropyMixin
 
     def params(fn):  # Ray's tracing adds _ray_trace_ctx to an actor class's methods
         return [p for p in inspect.signature(fn).parameters if p != "_ray_trace_ctx"]
@@ -242,7 +241,7 @@ def test_the_rows_entropies_equal_openrlhfs_return_entropy(tmp_path, packing):
     from openrlhf.models import Actor
 
     from avspo_openrlhf.cpu.tiny import build_tiny_model
-    from avspo_openrlhf.trainer.entropy import log_probs_and_entropy
+    from avspo_openrlhf.trainer.token_level import log_probs_and_entropy
 
     actor = Actor(build_tiny_model(str(tmp_path / "tiny")), attn_implementation="eager", param_dtype="bf16",
                   packing_samples=packing).float().eval()  # fmt: skip
@@ -263,7 +262,7 @@ def test_the_rows_entropies_equal_openrlhfs_return_entropy(tmp_path, packing):
 
 
 def test_training_step_still_calls_forward_then_loss_then_logs_info():
-    """``TokenAdvantagesInTraining`` replaces ``training_step`` on the trainer instance (``ppo_train``
+    """``TokenLevelTraining`` replaces ``training_step`` on the trainer instance (``ppo_train``
     calls ``self.training_step``), takes its key out of ``experience.info`` before OpenRLHF logs
     ``info``, and relies on the policy's forward running before the loss, which gets the
     advantages third."""

@@ -462,10 +462,21 @@ CONFIG_MISTAKES = [
     (dict(monitor_options={"kl_bund": 0.1}), "monitor_options has no option 'kl_bund'"),
     (dict(remedy="ngrpo", remedy_options='{"num_max": 2'), "remedy_options is not valid JSON: Expecting ',' delimiter"),
     (dict(acr_options="window=3"), "acr_options is not valid JSON: "),
+    (dict(remedy="sign", virtual_sample_alpha=0.5), "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it"),  # its default, set
+    (dict(remedy="sign", avspo_strategy="opposite"), "avspo_strategy is an option of remedy='avspo'; remedy='sign' does not use it"),
+    (dict(ngrpo_num_max=2), "ngrpo_num_max is an option of remedy='ngrpo'; remedy=None does not use it"),
+    (dict(remedy="avspo", avspo_strategy="bogus"), "avspo_strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'"),
+    (dict(remedy="avspo", avspo_strategy="opposite", remedy_options={"strategy": "opposite"}), "set avspo_strategy, not remedy_options['strategy']"),
+    (dict(remedy="rl_zvp", rl_zvp_alpha=0), "rl_zvp_alpha must be > 0, got 0"),
+    (dict(remedy="rl_zvp", remedy_options={"alpha": 0}), "remedy_options['alpha'] must be > 0, got 0"),  # not virtual_sample_alpha: AVSPO's
+    (dict(acr_window=0), "acr_window must be >= 1, got 0"),
+    (dict(acr_tau_bounds=[0.6, 0.9]), "acr_threshold_init must lie within acr_tau_bounds [0.6, 0.9], got 0.5"),
+    (dict(monitor_stop_on_alarm=["kl_drift"]), "monitor_stop_on_alarm names kl_drift, which needs monitor_kl_bound"),
+    (dict(monitor_options={"stop_on_alarm": ["kl_drift"]}), "monitor_options['stop_on_alarm'] names kl_drift, which needs monitor_kl_bound"),
     (dict(remedy="sign", virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it"),
     (dict(virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy=None does not use it"),
     (dict(acr_options={"window": 0}), "acr_options['window'] must be >= 1, got 0"),
-    (dict(acr_threshold_init=0.95), "acr_threshold_init must lie within acr_options['tau_bounds'] [0.1, 0.9], got 0.95"),
+    (dict(acr_threshold_init=0.95), "acr_threshold_init must lie within acr_tau_bounds [0.1, 0.9], got 0.95"),
     (dict(acr_options={"tau_bounds": [0.6, 0.9]}), "acr_threshold_init must lie within acr_options['tau_bounds'] [0.6, 0.9], got 0.5"),
     (dict(acr_options={"tau_init": 0.3}), "set acr_threshold_init, not acr_options['tau_init']"),
     (dict(remedy="avspo", remedy_options={"alpha": 0.3}), "set virtual_sample_alpha, not remedy_options['alpha']"),
@@ -493,6 +504,29 @@ def test_every_mistake_is_refused_when_the_grpo_config_is_built(assets, config, 
     with pytest.raises(ValueError) as e:
         acr_trl.GRPOConfig(**config, **common(assets, "bad"))
     assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_typed_options_are_generated_from_the_configs_and_mean_what_the_dicts_mean(assets):
+    """Every option of ACRConfig, MonitorConfig and each registered remedy's config is a typed field
+    of GRPOConfig (unset by default, the config's help), except those TRL's GRPO fixes and the
+    paper's aliases; TRL's parser reads them, and they build the same configs as the option dicts."""
+    fields = {f.name: f for f in dataclasses.fields(acr_trl.GRPOConfig)}
+    owners = [("acr", ACRConfig), ("monitor", acr_trl.MonitorConfig)]
+    owners += [(name, e.config) for name, e in ESTIMATORS.items() if e.config is not None]
+    for owner, cls in owners:
+        for f in dataclasses.fields(cls):
+            name = f"{owner}_{f.name}"
+            skipped = (owner not in ("acr", "monitor") and f.name in acr_trl.FIXED_BY_TRL) or (owner, f.name) in acr_trl.ALIASES  # fmt: skip
+            assert (name not in fields) if skipped else (fields[name].default is None and f.metadata["help"] in fields[name].metadata["help"]), name  # fmt: skip
+    kw = common(assets, "typed")
+    argv = ["--remedy", "avspo", "--avspo_strategy", "opposite", "--acr_tau_bounds", "0.2", "0.8", "--acr_window", "3",
+            "--monitor_kl_bound", "0.1", "--monitor_stop_on_alarm", "kl_drift", "--output_dir", kw["output_dir"],
+            "--use_cpu", "--bf16", "false", "--num_generations", str(G), "--per_device_train_batch_size", str(2 * G)]  # fmt: skip
+    (parsed,) = transformers.HfArgumentParser(acr_trl.GRPOConfig).parse_args_into_dataclasses(argv)
+    dicts = acr_trl.GRPOConfig(remedy="avspo", remedy_options={"strategy": "opposite"}, monitor_options={"kl_bound": 0.1, "stop_on_alarm": ["kl_drift"]},
+                               acr_options={"tau_bounds": [0.2, 0.8], "window": 3}, **kw)  # fmt: skip
+    assert acr_trl._configs(parsed) == acr_trl._configs(dicts)
+    assert acr_trl._configs(parsed)[1].strategy == "opposite" and acr_trl._configs(parsed)[2].tau_bounds == (0.2, 0.8)
 
 
 def test_bad_setups_fail_in_one_line(assets):

@@ -173,6 +173,8 @@ SECTION_MISTAKES = [
     ("acr_ngrpo", {"ngrpo": {"num_max": 0}}, "algorithm.ngrpo.num_max must be >= 1, got 0"),
     ("acr_ngrpo", {"ngrpo": {"gated": "yes"}}, "algorithm.ngrpo.gated must be True or False, got 'yes'"),
     ("acr_sign", {"monitor": {"kl_bound": -1}}, "algorithm.monitor.kl_bound must be >= 0, got -1"),
+    ("acr_sign", {"monitor": {"stop_on_alarm": ["kl_drift"]}}, "algorithm.monitor.stop_on_alarm names kl_drift, which needs algorithm.monitor.kl_bound"),
+    ("acr_sign", {"avspo": {"alpha": 0.5}}, "algorithm.avspo holds the options of acr_avspo, but algorithm.adv_estimator is acr_sign"),
 ]  # fmt: skip
 
 

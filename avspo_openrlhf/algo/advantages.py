@@ -9,7 +9,9 @@ returns ``(scale [N], offset [N], info)`` and :func:`group_advantages` applies i
 
 A remedy is one :func:`register_estimator` entry plus its config class (verl's shape): the function
 receives its own config and a :class:`GroupContext` (collapse tolerance, reward range, the ACR gate),
-nothing of another remedy's. A token-level estimator (RL-ZVP) also registers ``token_fn``.
+nothing of another remedy's; the context carries the rewards too, so a remedy that is not a
+function of the moments (a quantile baseline: docs/add_a_remedy.md) fits the same shape. A
+token-level estimator (RL-ZVP) also registers ``token_fn``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from .options import STD_CONVENTIONS, ACRConfig, GRPOConfig
 
 @dataclass(frozen=True)
 class GroupContext:
-    """What every group estimator may read beside its own config."""
+    """What every group estimator may read beside its own config and the groups' moments."""
 
+    rewards: torch.Tensor  # [N, G] the rewards themselves: a non-moment remedy (quantiles, ranks) reads them
     tol: float  # collapse tolerance on the population std
     reward_range: tuple[float, float]  # (lo, hi): all-wrong / all-right
     acr_gate: float  # smoothed ACR (ACRTracker.acr_gate) or this batch's ACR
@@ -52,16 +55,25 @@ class Estimator:
 
 
 ESTIMATORS: dict[str, Estimator] = {}
+# called with each Estimator as it is registered (integrations/verl.py registers it with verl's
+# registry), so an estimator registered from a user's module reaches every front-end
+ON_REGISTER: list[Callable[[Estimator], None]] = []
 
 
 def register_estimator(name: str, config: type | None = None, token_fn: Callable | None = None):
     """Register ``fn(stats, config, ctx) -> (scale [N], offset [N], info)`` under ``name``, with the
-    frozen dataclass of its options (``None``: it has none)."""
+    frozen dataclass of its options (``None``: it has none; an :class:`~.options.Options` subclass
+    checks itself when built). ``name`` is the remedy's name in every front-end (``--remedy NAME``
+    and its ``--NAME.*`` flags, TRL's ``remedy=``, verl's ``acr_NAME``): a lowercase identifier."""
+    if not (isinstance(name, str) and name.isidentifier() and name == name.lower() and name != "none"):
+        raise ValueError(f"an estimator's name must be a lowercase identifier other than 'none', got {name!r}")
     if name in ESTIMATORS:
         raise ValueError(f"advantage estimator {name!r} is already registered")
 
     def wrap(fn):
-        ESTIMATORS[name] = Estimator(name, fn, config, token_fn)
+        entry = ESTIMATORS[name] = Estimator(name, fn, config, token_fn)
+        for listener in ON_REGISTER:
+            listener(entry)
         return fn
 
     return wrap
@@ -153,8 +165,8 @@ def group_advantages(
 
     Args:
         rewards: ``[N, G]`` rewards, one row per prompt group (float; NaN/Inf raise ValueError).
-        estimator: a name in :data:`ESTIMATORS` (``grpo``, ``dr_grpo``, ``avspo``, ``ngrpo``,
-            ``rl_zvp``, ``sign``).
+        estimator: a name in :data:`ESTIMATORS` (this package's, ``sorted(ESTIMATORS)``, and any
+            registered from outside).
         config: that estimator's config (e.g. ``AVSPOConfig(alpha=0.5)``); ``None``: its defaults.
         tol: collapse tolerance on the population std (docs/algorithm.md#acr: 1e-6). Collapsed groups
             get exactly zero advantages unless the estimator gives them some.
@@ -181,8 +193,9 @@ def group_advantages(
     n = rewards.shape[0]
     stats = _classify(rewards, *group_moments(rewards), tol, reward_range)
     ctx = GroupContext(
-        float(tol), tuple(reward_range), stats.acr if acr_gate is None else acr_gate, tau_adapt, generator
-    )
+        rewards=rewards, tol=float(tol), reward_range=tuple(reward_range),
+        acr_gate=stats.acr if acr_gate is None else acr_gate, tau_adapt=tau_adapt, generator=generator,
+    )  # fmt: skip
     scale, offset, info = entry.fn(stats, config, ctx)
     adv = torch.addcmul(offset[:, None], rewards, scale[:, None])
     num_eff = info.pop("num_effective_collapsed", stats.num_collapsed)

@@ -33,8 +33,8 @@ class CollapseController:
     """ACR monitoring (always) and one registered estimator's advantages for a stream of batches.
 
     Args:
-        estimator: a name in :data:`~avspo_openrlhf.algo.advantages.ESTIMATORS` (``grpo``,
-            ``dr_grpo``, ``avspo``, ``ngrpo``, ``rl_zvp``, ``sign``): :meth:`step` returns its
+        estimator: a name in :data:`~avspo_openrlhf.algo.advantages.ESTIMATORS` (every
+            registered estimator, this package's and a user's): :meth:`step` returns its
             advantages; ``None``: measure only, :meth:`step` returns ``None`` advantages (the
             trainer's own estimator, e.g. OpenRLHF's GRPO, is used).
         config: that estimator's config (``AVSPOConfig(...)``, ...); ``None``: its defaults.

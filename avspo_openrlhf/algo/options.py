@@ -103,6 +103,13 @@ def _number(value, kind: str):
     return x if math.isfinite(x) else None
 
 
+def annotation(f: dataclasses.Field) -> str:
+    """A field's annotation as text (``"float"``, ``"int | None"``), also in a module without
+    ``from __future__ import annotations`` (a user's config class)."""
+    t = f.type
+    return t if isinstance(t, str) else t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")
+
+
 def config_of(cls: type, value, name: str):
     """``value`` when it is a ``cls`` (``None``: ``cls()``, its defaults); anything else, a dict of
     its fields included, is refused in one line (a component takes its config object, built and so
@@ -130,7 +137,7 @@ class Options:
         raise OptionError(type(self).__name__, name, detail, others)
 
     def _field_value(self, f: dataclasses.Field, value):
-        ann, name = str(f.type), f.name
+        ann, name = annotation(f), f.name
         optional = ann.endswith(" | None")
         kind = ann.removesuffix(" | None")
         if value is None:
@@ -243,12 +250,11 @@ class ACRConfig(Options):
 
 @dataclass(frozen=True)
 class AVSPOConfig(Options):
-    """AVSPO advantages (``--avspo.*``)."""
+    """AVSPO advantages (``--avspo.*``).
 
-    enable: bool = flag(
-        False,
-        "Use AVSPO advantages: ACR-gated virtual samples in collapsed groups' statistics. Needs --algo.advantage.estimator group_norm.",
-    )
+    AVSPO: ACR-gated virtual samples in collapsed groups' statistics (docs/algorithm.md#avspo).
+    """
+
     strategy: str = flag(
         "stratified",
         "Virtual reward values (docs/algorithm.md#strategies); 'opposite' reproduces the authors' released code.",
@@ -286,12 +292,13 @@ class AVSPOConfig(Options):
 
 @dataclass(frozen=True)
 class NGRPOConfig(Options):
-    """NGRPO advantages (``--ngrpo.*``)."""
+    """NGRPO advantages (``--ngrpo.*``).
 
-    enable: bool = flag(
-        False,
-        "NGRPO (arXiv 2509.18851): --ngrpo.num_max virtual rewards at the reward maximum in every group's mean and std (all-wrong groups get a negative advantage, all-right stay 0). Pair with --actor.eps_clip_low_high 0.16 0.24 for the paper's asymmetric clip. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
-    )
+    NGRPO (arXiv 2509.18851): --ngrpo.num_max virtual rewards at the reward maximum in every group's
+    mean and std (all-wrong groups get a negative advantage, all-right stay 0). Pair with
+    --actor.eps_clip_low_high 0.16 0.24 for the paper's asymmetric clip.
+    """
+
     num_max: int = flag(1, "Virtual maximum-reward samples per group (the paper's m = 1).", valid=">=1", metavar="M")
     std_convention: str = std_convention_flag(
         "unbiased",
@@ -306,12 +313,12 @@ class NGRPOConfig(Options):
 
 @dataclass(frozen=True)
 class RLZVPConfig(Options):
-    """RL-ZVP advantages (``--rl_zvp.*``)."""
+    """RL-ZVP advantages (``--rl_zvp.*``).
 
-    enable: bool = flag(
-        False,
-        "RL-ZVP (arXiv 2509.21880): on zero-variance groups, token advantages +alpha*H_t (all-right) and -alpha*(max H - H_t) (all-wrong), H_t the policy's token entropy before the update; GRPO elsewhere. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
-    )
+    RL-ZVP (arXiv 2509.21880): on zero-variance groups, token advantages +alpha*H_t (all-right) and
+    -alpha*(max H - H_t) (all-wrong), H_t the policy's token entropy before the update; GRPO elsewhere.
+    """
+
     alpha: float = flag(0.1, "Scale of the entropy-shaped token advantages (the paper's 0.1).", valid=">0")
     std_convention: str = std_convention_flag(
         "unbiased",
@@ -322,12 +329,13 @@ class RLZVPConfig(Options):
 
 @dataclass(frozen=True)
 class SignConfig(Options):
-    """Sign advantage (``--sign.*``)."""
+    """Sign advantage (``--sign.*``).
 
-    enable: bool = flag(
-        False,
-        "Sign advantage (arXiv 2605.07689): A = 2r - 1 (r scaled to --acr.reward_range) on collapsed groups, GRPO on the others (or on every group with --sign.scope all): what every virtual-sample remedy gives a collapsed group, up to the magnitude. Needs --algo.advantage.estimator group_norm; one advantage remedy at a time.",
-    )
+    Sign advantage (arXiv 2605.07689): A = 2r - 1 (r scaled to --acr.reward_range) on collapsed groups,
+    GRPO on the others (or on every group with --sign.scope all): what every virtual-sample remedy
+    gives a collapsed group, up to the magnitude.
+    """
+
     scope: str = flag(
         "collapsed",
         "Groups that get A = 2r - 1: collapsed (the rest keep GRPO) or all.",
@@ -342,12 +350,17 @@ class SignConfig(Options):
 
 @dataclass(frozen=True)
 class GRPOConfig(Options):
-    """GRPO's group normalisation: A = (r - mean) / (std + eps). Not a flag group: in OpenRLHF,
-    GRPO is OpenRLHF's own ``group_norm``; this config serves the pure estimator (TRL's GRPO is
-    ``unbiased`` with eps 1e-4, OpenRLHF's ``unbiased`` with eps 1e-9)."""
+    """GRPO computed by this package (``--grpo.*``).
 
-    std_convention: str = field(default="population", metadata=dict(choices=sorted(STD_CONVENTIONS)))
-    eps: float = field(default=1e-06, metadata=dict(valid=">=0"))
+    GRPO's group normalisation A = (r - mean) / (std + eps) from the estimator registry instead of
+    OpenRLHF's own group_norm (which --remedy none keeps; unbiased std, eps 1e-9). TRL's GRPO is
+    unbiased with eps 1e-4.
+    """
+
+    std_convention: str = std_convention_flag(
+        "population", "Std convention of the group: population (divide by G, the paper's) or unbiased (G - 1)."
+    )
+    eps: float = flag(1e-06, "Added to the group std.", valid=">=0")
 
 
 @dataclass(frozen=True)
@@ -356,7 +369,7 @@ class GRESOConfig(Options):
 
     enable: bool = flag(
         False,
-        "GRESO (arXiv 2506.02177): skip a prompt before rollout with probability 1 - max(p**z, --greso.min_keep), z = its consecutive all-right (p = p_easy) or all-wrong (p = p_hard) rollouts. Composes with --dynamic.std_filter (GRESO as published) and with --avspo.enable.",
+        "GRESO (arXiv 2506.02177): skip a prompt before rollout with probability 1 - max(p**z, --greso.min_keep), z = its consecutive all-right (p = p_easy) or all-wrong (p = p_hard) rollouts. Composes with --dynamic.std_filter (GRESO as published) and with every --remedy.",
     )
     p_easy: float = flag(
         0.5, "Initial base keep-probability of prompts whose recent groups were all right.", valid="(0,1)"
@@ -416,3 +429,10 @@ class MonitorConfig(Options):
         nargs="+",
         choices=["any", *ALARMS],
     )
+
+    def _check(self) -> None:
+        # a kl_drift stop without a bound would wait for an alarm that is never measured
+        if "kl_drift" in self.stop_on_alarm and self.kl_bound is None:
+            self._fail(
+                "stop_on_alarm", "names kl_drift, which needs {kl_bound} (the KL-drift alarm is off)", ("kl_bound",)
+            )

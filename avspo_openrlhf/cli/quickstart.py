@@ -188,7 +188,7 @@ def train_flags(args, model: str, train: str, out: Path, heldout: str | None = N
         flags += ["--eval.dataset", _mid_eval_file(heldout, args.mid_eval_problems), "--eval.steps",
                   str(args.eval_steps), "--eval.temperature", "0.7", "--eval.n_samples_per_prompt", "2"]  # fmt: skip
     if not args.grpo:
-        flags += ["--avspo.enable", "--acr.tau_init", str(args.tau_init)]
+        flags += ["--remedy", "avspo", "--acr.tau_init", str(args.tau_init)]
     if not args.sync:
         flags.append("--train.async_enable")
     return flags + list(args.extra)
@@ -384,10 +384,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{'shown here too' if verbose else '--verbose or AVSPO_VERBOSE=1 shows it here'})", flush=True)  # fmt: skip
     with quiet_console(log, verbose):
         print("[quickstart] preparing the model and the data", flush=True)
+        stages, mark = {}, time.time()  # each stage's seconds in this run (a resumed stage counts what it redid)
+
+        def done(stage: str) -> None:
+            nonlocal mark
+            stages[stage], mark = round(time.time() - mark, 1), time.time()
+
         model = prepare(args.model) if args.model in ("smollm2", "tiny") else args.model
         train, heldout = write_data(out / "data", args.steps, args.prompts_per_step, args.heldout, args.seed)
+        done("model and data")
         try:
             before = evaluate_heldout(model, heldout, out / "eval_before", args, log)
+            done("evaluation before")
             print(f"[quickstart] held-out pass@1 before training: {100 * before['pass@1']:.1f} %", flush=True)
             final = out / "final"
             if final.exists() and not model_is_complete(str(final)):  # killed while saving it
@@ -404,7 +412,9 @@ def main(argv: list[str] | None = None) -> int:
                 train_s = time.time() - t_train
             else:
                 print(f"[quickstart] training already finished ({final}); delete it to train again", flush=True)
+            done("training")
             after = evaluate_heldout(str(final), heldout, out / "eval_after", args, log)
+            done("evaluation after")
         except KeyboardInterrupt:
             print(f"\n[quickstart] stopped; the checkpoint is in {out / 'ckpt'}. Run the same command again to resume.",
                   file=sys.stderr)  # fmt: skip
@@ -418,11 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps({"before": before, "after": after, "gain_ci95": gains,
                                                   "wall_min": (time.time() - t0) / 60, "steps": len(rows),
                                                   "train_s": train_s, "first_step_s": progress and progress.first_step_s,
+                                                  "stages_s": stages,
                                                   "mode": "sync" if args.sync else "async",
                                                   "precision": precisions, "cpu": cpu_kind()}, indent=1))  # fmt: skip
     (out / "summary.md").write_text(table, encoding="utf-8")
     print("\n" + table)
-    print(f"CPU: {cpu_kind()}")
+    print(f"CPU: {cpu_kind()}   stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
     plots = out / "report" / "plots"
     print(f"plots: {plots}/training_curves.png   metrics: {out / 'report' / 'metrics.jsonl'}   "
           f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}   wandb (offline): {out / 'report' / 'wandb'}")  # fmt: skip

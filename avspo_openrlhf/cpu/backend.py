@@ -167,7 +167,7 @@ def _policy_base():
 
 
 def _entropy_mixin():
-    from avspo_openrlhf.trainer.actors import TokenEntropyMixin
+    from avspo_openrlhf.trainer.token_level import TokenEntropyMixin
 
     return TokenEntropyMixin
 
@@ -226,39 +226,31 @@ class CPUReferenceModelActor(_Pinnable, _LoopbackRendezvous, _response_logits(),
 class _SkipOldLogProbPass:
     """Skips experience making's no-grad log-prob pass of the policy where
     ``trainer.old_log_probs.skips_old_log_prob_pass`` (about a fifth of a CPU step): ``forward``
-    returns NaN placeholders and the loss takes the training forward's log-probs (``OldIsCurrent``);
-    a token-level remedy (RL-ZVP) takes its entropies from the training forward too
-    (``TokenAdvantagesInTraining``), so it adds no forward either."""
+    returns ``skipped_old_log_probs`` and the loss takes the training forward's log-probs (``OldIsCurrent``);
+    a token-level remedy takes its entropies from the training forward too
+    (``trainer/token_level.py: TokenLevelTraining``), so it adds no forward either."""
 
     reuse_old = False
-    token_step = None  # TokenAdvantagesInTraining, with a token-level remedy
+    token_step = None  # TokenLevelTraining, where the pass is skipped
 
     def init_model_from_pretrained(self, strategy, *args, **kwargs):
-        from avspo_openrlhf.trainer.config import build_controller
-        from avspo_openrlhf.trainer.old_log_probs import (
-            OldIsCurrent,
-            TokenAdvantagesInTraining,
-            skips_old_log_prob_pass,
-        )
+        from avspo_openrlhf.trainer.old_log_probs import OldIsCurrent, skips_old_log_prob_pass
+        from avspo_openrlhf.trainer.token_level import TokenLevelTraining
 
         out = super().init_model_from_pretrained(strategy, *args, **kwargs)
         self.reuse_old = skips_old_log_prob_pass(strategy.args)
         if self.reuse_old:
             self.trainer.actor_loss_fn = OldIsCurrent(self.trainer.actor_loss_fn)
-            controller = build_controller(strategy.args)
-            if controller.needs_entropy:
-                self.token_step = TokenAdvantagesInTraining(self.trainer, controller.token_advantages,
-                                                            controller.estimator)  # fmt: skip
-                self.trainer.training_step = self.token_step
+            self.token_step = TokenLevelTraining(self.trainer)  # steps without a token request pass through
         return out
 
     def forward(self, sequences, action_mask=None, attention_mask=None, *args, **kwargs):
         if self.reuse_old:
             if kwargs.get("entropy_rows") is not None:
                 raise RuntimeError("entropies asked of a skipped old-log-prob pass; the experience maker defers them")
-            import torch
+            from avspo_openrlhf.trainer.old_log_probs import skipped_old_log_probs
 
-            return torch.full(action_mask.shape, float("nan"))
+            return skipped_old_log_probs(action_mask)
         return super().forward(sequences, action_mask, attention_mask, *args, **kwargs)
 
     def fit(self, *args, **kwargs):

@@ -69,8 +69,7 @@ def _typed(cls, options: Any, section: str, names: Names, fixed: dict[str, Any] 
     if not isinstance(options, Mapping):
         raise ValueError(f"{where} must be a mapping of options, got {type(options).__name__}")
     options = dict(options)
-    # a remedy's ``enable`` is avspo-train's switch: here the front-end's remedy choice says it
-    allowed = {f.name for f in dataclasses.fields(cls)} - ({"enable"} if section == "remedy" else set())
+    allowed = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(options) - allowed)
     if unknown:
         takes = sorted(allowed - set(fixed or {}) - set(given or {}))

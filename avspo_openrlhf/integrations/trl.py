@@ -33,6 +33,7 @@ Every TRL private name used here is guarded by tests/test_trl_integration.py.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -44,7 +45,15 @@ import torch
 import trl
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, CollapseController, collapse_stats, zero_variance_sign
+from avspo_openrlhf.algo import (
+    ESTIMATORS,
+    ACRConfig,
+    CollapseController,
+    MonitorConfig,
+    collapse_stats,
+    zero_variance_sign,
+)
+from avspo_openrlhf.algo.options import annotation
 
 from . import Names, _typed, base_advantages, build_configs, framework_metrics, remedy_groups, remedy_name
 
@@ -55,7 +64,8 @@ STATE_FILE = "controller_state.json"
 SIGN_KEY = "zero_variance_sign"  # [B] int8 per completion (token-level remedies), travels with TRL's buffered batch
 
 
-# how errors name what a TRL user set: GRPOConfig's own fields and its option dicts
+# how errors name what a TRL user set: GRPOConfig's own fields and its option dicts (virtual_sample_alpha
+# is AVSPO's alpha only; each typed field set is added by _configs)
 TRL_NAMES = Names(
     {"remedy": "remedy_options", "acr": "acr_options", "monitor": "monitor_options"},
     renamed={("remedy", "alpha"): "virtual_sample_alpha", ("acr", "tau_init"): "acr_threshold_init"},
@@ -145,15 +155,63 @@ def measure_acr(reward_func, num_generations: int, acr: ACRConfig | dict | None 
     return measured
 
 
+# the option fields of a remedy that follow TRL's GRPO (build_configs fixes them), and the options
+# the paper's README names its own way: no flat field of their own
+FIXED_BY_TRL = ("std_convention", "eps")
+ALIASES = {("avspo", "alpha"): "virtual_sample_alpha", ("acr", "tau_init"): "acr_threshold_init"}
+# a config field's annotation -> the flat field's type (None: unset; HfArgumentParser reads these)
+FLAT_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "tuple[float, float]": list[float],
+              "tuple[str, ...]": list[str]}  # fmt: skip
+
+
+def flat_options() -> dict[str, tuple[str, str, type, dataclasses.Field]]:
+    """``{flat field name: (section, owner, config class, config field)}`` for every option a TRL
+    user sets as a typed field of :class:`GRPOConfig`: ``acr_<field>`` (ACRConfig), ``monitor_<field>``
+    (MonitorConfig) and ``<remedy>_<field>`` for each estimator registered when this module is
+    imported (``avspo_strategy``, ``ngrpo_num_max``, ...; one registered later takes ``remedy_options``).
+    ``section`` is ``acr``, ``monitor`` or ``remedy``; ``owner`` the remedy's name (or the section)."""
+    out = {}
+    owners = [("acr", "acr", ACRConfig), ("monitor", "monitor", MonitorConfig)]
+    owners += [("remedy", name, e.config) for name, e in ESTIMATORS.items() if e.config is not None]
+    for section, owner, cls in owners:
+        for f in dataclasses.fields(cls):
+            if (section == "remedy" and f.name in FIXED_BY_TRL) or (owner, f.name) in ALIASES:
+                continue
+            out[f"{owner}_{f.name}"] = (section, owner, cls, f)
+    return out
+
+
+def _flat_field(section: str, owner: str, cls: type, f: dataclasses.Field):
+    """``(type, field)`` of one flat option: unset (None) by default, its help the config field's."""
+    default = list(f.default) if isinstance(f.default, tuple) else f.default
+    only = f" Only with remedy='{owner}'." if section == "remedy" else ""
+    help_text = f"{cls.__name__}.{f.name}: {f.metadata.get('help', '')}{only} Unset (None): {default}."
+    return FLAT_TYPES[annotation(f).removesuffix(" | None")] | None, field(default=None, metadata={"help": help_text})
+
+
+FLAT_OPTIONS = flat_options()
+_clash = sorted(set(FLAT_OPTIONS) & {f.name for f in dataclasses.fields(trl.GRPOConfig)})
+if _clash:  # a TRL field of the same name: the flat option would silently replace it
+    raise ImportError(f"TRL's GRPOConfig has fields {_clash}: rename the flat options of integrations/trl.py")
+# the flat options as a base class: generated, so a remedy added to the registry gets its fields here
+_FlatOptions = dataclasses.make_dataclass(
+    "_FlatOptions", [(name, *_flat_field(*spec)) for name, spec in FLAT_OPTIONS.items()], bases=(trl.GRPOConfig,)
+)
+_FlatOptions.__module__ = __name__
+
+
 @dataclass
-class GRPOConfig(trl.GRPOConfig):
-    """TRL's ``GRPOConfig`` plus ACR monitoring and the remedies (every field below is new)."""
+class GRPOConfig(_FlatOptions):
+    """TRL's ``GRPOConfig`` plus ACR monitoring and the remedies: the fields below, and one typed field
+    per option (:data:`FLAT_OPTIONS`: ``acr_window``, ``avspo_strategy``, ``ngrpo_num_max``, ...; unset
+    by default). Only the chosen remedy's options may be set."""
 
     remedy: str | None = field(
         default=None,
         metadata={
-            "help": "Advantage remedy for collapsed groups: 'avspo', 'ngrpo', 'rl_zvp', 'sign', 'grpo', 'dr_grpo' "
-            "(avspo_openrlhf.algo.ESTIMATORS) or None/'none': TRL's own advantages, ACR measured and logged only."
+            "help": "Advantage remedy for collapsed groups: a name in avspo_openrlhf.algo.ESTIMATORS ("
+            + ", ".join(repr(name) for name in ESTIMATORS)
+            + ", or one a module of yours registered) or None/'none': TRL's own advantages, ACR measured and logged only."
         },
     )
     use_avspo: bool = field(default=False, metadata={"help": "The paper README's switch: the same as remedy='avspo'."})
@@ -161,24 +219,26 @@ class GRPOConfig(trl.GRPOConfig):
         default=ACRConfig.tau_init,
         metadata={"help": "Initial adaptive threshold tau_adapt(0): the gate opens while the smoothed ACR exceeds it."},
     )
-    virtual_sample_alpha: float = field(
-        default=AVSPOConfig.alpha,
-        metadata={"help": "AVSPO's K rule exponent: K = max(1, min(G, ceil(G * ACR_gate**alpha)))."},
+    virtual_sample_alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "AVSPO's K rule exponent: K = max(1, min(G, ceil(G * ACR_gate**alpha))). Only with "
+            f"remedy='avspo'. Unset (None): {ESTIMATORS['avspo'].config.alpha}."
+        },
     )
     remedy_options: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Fields of the remedy's config (AVSPOConfig: strategy, num_virtual, fix_groups, r_anchor, gamma, "
-            "seed; NGRPOConfig: num_max, gated; RLZVPConfig: alpha; SignConfig: scope), as a dict or JSON. "
+            "help": "Fields of the remedy's config as a dict or JSON, another spelling of its typed fields "
+            "(<remedy>_<field>), and the one of a remedy registered after this module was imported. "
             "std_convention and eps follow TRL's GRPO (unbiased, 1e-4)."
         },
     )
     acr_options: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Fields of ACRConfig (tol, reward_range, smoothing, window, ema_decay, gate_view, early_steps, "
-            "stall_threshold, stall_patience, volatility_window, volatility_threshold, eta, tau_bounds, "
-            "reward_ema_decay), as a dict or JSON; tau_init is acr_threshold_init."
+            "help": "Fields of ACRConfig as a dict or JSON, another spelling of the acr_<field> fields; "
+            "tau_init is acr_threshold_init."
         },
     )
     acr_reward_func: str | None = field(
@@ -191,8 +251,8 @@ class GRPOConfig(trl.GRPOConfig):
     monitor_options: dict | str | None = field(
         default=None,
         metadata={
-            "help": "Fields of MonitorConfig (entropy_threshold, entropy_patience, disable_entropy, kl_bound, "
-            "kl_patience): the alarms fed by TRL's logged entropy and kl."
+            "help": "Fields of MonitorConfig as a dict or JSON, another spelling of the monitor_<field> fields: "
+            "the alarms fed by TRL's logged entropy and kl."
         },
     )
 
@@ -208,9 +268,13 @@ class GRPOConfig(trl.GRPOConfig):
             if self.remedy not in (None, "avspo"):
                 raise ValueError(f"use_avspo=True and remedy={self.remedy!r} choose two remedies")
             self.remedy = "avspo"
-        if self.remedy != "avspo" and self.virtual_sample_alpha != AVSPOConfig.alpha:
+        if self.remedy != "avspo" and self.virtual_sample_alpha is not None:
             raise ValueError(f"virtual_sample_alpha is AVSPO's K rule exponent; remedy={self.remedy!r} does not use "
                              "it: set remedy='avspo' (or use_avspo=True), or leave it out")  # fmt: skip
+        for name, (section, owner, _, _) in FLAT_OPTIONS.items():  # another remedy's options: refused
+            if section == "remedy" and owner != self.remedy and getattr(self, name) is not None:
+                raise ValueError(f"{name} is an option of remedy={owner!r}; remedy={self.remedy!r} does not use it: "
+                                 f"set remedy={owner!r}, or leave it out")  # fmt: skip
         if self.acr_reward_func is not None and not isinstance(self.acr_reward_func, str):
             raise ValueError(f"acr_reward_func must be a reward function's name, got {self.acr_reward_func!r}")
         self._check_trl_settings()
@@ -240,14 +304,31 @@ class GRPOConfig(trl.GRPOConfig):
 
 def _configs(args):
     """``(remedy, remedy config, ACRConfig, MonitorConfig)`` an (our or TRL's own) ``GRPOConfig``
-    describes; TRL's own config measures only."""
+    describes; TRL's own config measures only. The typed fields set (not None) are ``given``: the
+    same option in an options dict is refused, and errors name the field the user set."""
     remedy = getattr(args, "remedy", None)
-    given = {"acr": {"tau_init": getattr(args, "acr_threshold_init", ACRConfig.tau_init)}}
-    if remedy == "avspo":
-        given["remedy"] = {"alpha": args.virtual_sample_alpha}
+    given = {"acr": {"tau_init": getattr(args, "acr_threshold_init", ACRConfig.tau_init)}, "remedy": {}, "monitor": {}}
+    renamed = {k: v for k, v in TRL_NAMES.renamed.items() if k != ("remedy", "alpha") or remedy == "avspo"}
+    if remedy == "avspo" and getattr(args, "virtual_sample_alpha", None) is not None:
+        given["remedy"]["alpha"] = args.virtual_sample_alpha
+    dicts = {section: _as_dict(getattr(args, f"{section}_options", None), f"{section}_options")
+             for section in ("remedy", "acr", "monitor")}  # fmt: skip
+    for (owner, key), alias in ALIASES.items():  # the paper's name is the one spelling of these
+        section = owner if owner in ("acr", "monitor") else "remedy"
+        if (section != "remedy" or owner == remedy) and key in dicts[section]:
+            raise ValueError(f"set {alias}, not {section}_options[{key!r}]")
+    for name, (section, owner, _, f) in FLAT_OPTIONS.items():
+        if section == "remedy" and owner != remedy:
+            continue
+        value = getattr(args, name, None)
+        if value is not None or f.name not in dicts[section]:  # errors name the typed field unless only the dict set it
+            renamed[(section, f.name)] = name
+        if value is not None:
+            given[section][f.name] = tuple(value) if isinstance(value, list) else value
+    names = dataclasses.replace(TRL_NAMES, renamed=renamed)
     return build_configs(remedy, std_convention=TRL_STD_CONVENTION, eps=TRL_EPS,
                          options=getattr(args, "remedy_options", None), acr=getattr(args, "acr_options", None),
-                         monitor=getattr(args, "monitor_options", None), given=given, names=TRL_NAMES)  # fmt: skip
+                         monitor=getattr(args, "monitor_options", None), given=given, names=names)  # fmt: skip
 
 
 def _controller_for(args) -> tuple[Any, str | None]:

@@ -1,18 +1,16 @@
 """ACR and the group remedies as verl advantage estimators (verl 0.9.1; docs/verl.md).
 
 ``import verl`` loads this module through the ``verl.plugins`` entry point (pyproject.toml; or
-``VERL_USE_EXTERNAL_MODULES=avspo_openrlhf.integrations.verl``), which registers with verl's own
-registry (``core_algos.register_adv_est``)::
-
-    acr_grpo  acr_dr_grpo  acr_avspo  acr_ngrpo  acr_sign
-
+``VERL_USE_EXTERNAL_MODULES=avspo_openrlhf.integrations.verl``), which registers every group
+estimator of :data:`avspo_openrlhf.algo.ESTIMATORS` with verl's own registry
+(``core_algos.register_adv_est``) as ``acr_<name>`` (:data:`REMEDIES`: ``acr_grpo``, ``acr_avspo``, ...),
+and each one registered later too (a remedy of yours: its module in ``VERL_USE_EXTERNAL_MODULES``),
 chosen with ``algorithm.adv_estimator=acr_avspo``. verl's ``compute_advantage`` calls them with the
 ``[B, T]`` token-level rewards and response mask, the prompt ``uid`` of each row (``index``) and the
 algorithm config, whose sections give the options (all optional)::
 
     algorithm.acr.*      ACRConfig fields (tol, reward_range, window, tau_init, eta, ...) and seed
-    algorithm.avspo.*    AVSPOConfig fields (alpha, strategy, num_virtual, fix_groups, ...)
-    algorithm.ngrpo.*    NGRPOConfig (num_max, gated); algorithm.sign.* SignConfig (scope)
+    algorithm.<name>.*   the chosen remedy's config fields (algorithm.avspo.alpha, ...)
     algorithm.monitor.*  MonitorConfig
 
 Every option is checked when the run's controller is built, at the first advantage step (or earlier
@@ -41,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.trainer.ppo import core_algos
 
 from avspo_openrlhf.algo import ESTIMATORS, CollapseController
+from avspo_openrlhf.algo.advantages import ON_REGISTER, Estimator
 
 from . import Names, base_advantages, build_controller, framework_metrics, remedy_groups
 
@@ -48,7 +47,8 @@ TESTED_VERL = "0.9.1"
 # verl's GRPO: (s - mean) / (torch.std + epsilon), epsilon 1e-6 as compute_advantage leaves it
 VERL_STD_CONVENTION, VERL_EPS = "unbiased", 1e-6
 PREFIX = "acr_"
-REMEDIES = tuple(name for name, entry in ESTIMATORS.items() if entry.token_fn is None)
+# the remedies registered with verl as acr_<name>: every group estimator, in registration order
+REMEDIES: list[str] = []
 
 
 @dataclasses.dataclass
@@ -102,6 +102,10 @@ def _names(remedy: str) -> Names:
 def _controller(config: Any, remedy: str) -> CollapseController:
     """The controller the ``algorithm`` config describes for ``remedy``: every option of its
     ``acr``, ``monitor`` and remedy sections checked, one line naming ``algorithm.<section>.<field>``."""
+    for other in ESTIMATORS:  # another remedy's options are refused, not ignored
+        if other != remedy and ESTIMATORS[other].config is not None and _section(config, other):
+            raise ValueError(f"algorithm.{other} holds the options of {PREFIX}{other}, but algorithm.adv_estimator "
+                             f"is {PREFIX}{remedy}: drop it, or choose {PREFIX}{other}")  # fmt: skip
     acr = _section(config, "acr")
     seed = _seed(acr)
     options = _section(config, remedy) if ESTIMATORS[remedy].config is not None else {}
@@ -192,8 +196,16 @@ def _estimator(remedy: str):
     return estimator
 
 
-for _remedy in REMEDIES:
-    core_algos.register_adv_est(PREFIX + _remedy)(_estimator(_remedy))
+def _register(entry: Estimator) -> None:
+    """``acr_<name>`` in verl's registry; a token-level estimator (RL-ZVP) is left out (module docstring)."""
+    if entry.token_fn is None and entry.name not in REMEDIES:
+        core_algos.register_adv_est(PREFIX + entry.name)(_estimator(entry.name))
+        REMEDIES.append(entry.name)
+
+
+for _entry in list(ESTIMATORS.values()):
+    _register(_entry)
+ON_REGISTER.append(_register)  # an estimator registered after this import (a user's module) too
 
 
 def controller_of(config: Any = None) -> CollapseController | None:

@@ -6,18 +6,24 @@ the controller the flags describe (:func:`build_controller`).
 
 Every flag is dotted like OpenRLHF's own (``--avspo.alpha``), so OpenRLHF's ``hierarchize`` turns
 them into ``args.avspo.alpha`` and they travel to every Ray actor inside ``strategy.args``.
-The remedies' groups come from the estimator registry (``algo/``): a remedy registered there with an
-``enable`` switch in its config gets its flags, ``--help`` section and validation here unchanged.
-argparse, dataclasses and the pure algorithm only: importing this module pulls in neither OpenRLHF
-nor Ray.
+The remedy is chosen with ``--remedy NAME``, a name of the estimator registry (``algo/``); each
+registered estimator with a config gets its ``--NAME.*`` group, ``--help`` section and validation here
+when the parser is built, this package's and those a ``--plugin`` module registers alike (no list of
+remedies is kept here). Only the chosen remedy's flags may be given. argparse, dataclasses and the
+pure algorithm only: importing this module pulls in neither OpenRLHF nor Ray.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
+from typing import Any
 
 from avspo_openrlhf.algo.advantages import ESTIMATORS
 from avspo_openrlhf.algo.options import (  # the algorithm's groups live with the algorithm
@@ -27,6 +33,7 @@ from avspo_openrlhf.algo.options import (  # the algorithm's groups live with th
     MonitorConfig,
     OptionError,
     Options,
+    annotation,
     flag,
 )
 
@@ -117,63 +124,103 @@ class BufferConfig(Options):
     )
 
 
-def _remedies() -> dict[str, type]:
-    """The advantage remedies: every registered estimator whose config has an ``enable`` switch, its
-    flag namespace its name (``--avspo.*``), in registration order. Adding a remedy to the registry
-    (``algo/``) adds its flags, its ``--help`` section, its validation (the config checks itself
-    when :func:`settings` builds it) and its place in :func:`chosen_remedy` here."""
+def load_plugins(specs) -> None:
+    """Import each ``--plugin`` (a dotted module name or a ``.py`` file) once per process, so that its
+    ``register_estimator`` calls add its remedies. avspo-train calls this before it builds the parser
+    (their flags and ``--help`` sections), and :func:`settings` in every process that reads the
+    flags, so each Ray worker imports the module too. A module that cannot be found is one line."""
+    for spec in specs or ():
+        if not isinstance(spec, str) or not spec:
+            raise ValueError(f"--plugin must name a module or a .py file, got {spec!r}")
+        if not spec.endswith(".py"):
+            try:
+                importlib.import_module(spec)
+            except ModuleNotFoundError as e:
+                if e.name is None or not spec.startswith(e.name):
+                    raise  # the plugin itself imports something missing: its own traceback
+                raise ValueError(f"--plugin {spec}: no module named {e.name!r} (on sys.path: PYTHONPATH or the current folder)") from None  # fmt: skip
+            continue
+        path = os.path.abspath(spec)
+        name = os.path.splitext(os.path.basename(path))[0]
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            if os.path.abspath(getattr(loaded, "__file__", None) or "") != path:
+                raise ValueError(f"--plugin {spec}: a module named {name!r} is already loaded from elsewhere")
+            continue
+        if not os.path.isfile(path):
+            raise ValueError(f"--plugin {spec}: no such file")
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # before it runs: dataclasses and pickle look their module up by name
+        try:
+            module_spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+
+
+def remedy_configs() -> dict[str, type]:
+    """The advantage remedies ``--remedy`` offers that have options: every registered estimator with a
+    config, its flag namespace its name (``--avspo.*``), in registration order. Read when called, so
+    that an estimator a ``--plugin`` module registered is one like this package's."""
     import avspo_openrlhf.algo  # noqa: F401  (importing the remedy modules registers them)
 
-    return {
-        name: e.config
-        for name, e in ESTIMATORS.items()
-        if e.config is not None and "enable" in {f.name for f in fields(e.config)}
-    }
-
-
-REMEDY_CONFIGS = _remedies()
-REMEDIES = tuple(REMEDY_CONFIGS)
+    return {name: e.config for name, e in ESTIMATORS.items() if e.config is not None}
 
 
 def _title(cls: type) -> str:
     """A config's ``--help`` section title: its docstring's first line up to the flag pattern."""
-    return cls.__doc__.strip().splitlines()[0].split(" (``")[0] + " (avspo-openrlhf)"
+    return (cls.__doc__ or cls.__name__).strip().splitlines()[0].split(" (``")[0] + " (avspo-openrlhf)"
 
 
-# flag namespace -> (--help section title, config class), in the order --help shows them; the
-# flag table of docs/flags.md lists the same flags (a test checks it)
-GROUPS: dict[str, tuple[str, type]] = {
-    "acr": (_title(ACRConfig), ACRConfig),
-    **{ns: (_title(cls), cls) for ns, cls in REMEDY_CONFIGS.items()},
-    **{
-        ns: (_title(cls), cls)
-        for ns, cls in (
-            ("greso", GRESOConfig),
-            ("monitor", MonitorConfig),
-            ("run", RunConfig),
-            ("dynamic", DynamicConfig),
-            ("buffer", BufferConfig),
-            ("report", ReportConfig),
-            ("cpu", CPUConfig),
-        )
-    },
+def _description(cls: type) -> str | None:
+    """A config's ``--help`` section text: its docstring after the first paragraph (``%`` escaped for argparse)."""
+    parts = (cls.__doc__ or "").strip().split("\n\n", 1)
+    text = " ".join(parts[1].split()) if len(parts) > 1 else ""
+    return text.replace("%", "%%") or None
+
+
+# flag namespace -> config class of the groups every run has; the remedies' groups (one per
+# registered estimator with a config) go after "acr" in --help (:func:`groups`)
+FIXED_GROUPS: dict[str, type] = {
+    "acr": ACRConfig,
+    "greso": GRESOConfig,
+    "monitor": MonitorConfig,
+    "run": RunConfig,
+    "dynamic": DynamicConfig,
+    "buffer": BufferConfig,
+    "report": ReportConfig,
+    "cpu": CPUConfig,
 }
+
+
+def groups() -> dict[str, tuple[str, type]]:
+    """Flag namespace -> (``--help`` section title, config class), in the order ``--help`` shows them;
+    the flag table of docs/flags.md lists the same flags (a test checks it)."""
+    remedies = remedy_configs()
+    clash = sorted(set(remedies) & set(FIXED_GROUPS))
+    if clash:
+        raise ValueError(f"estimator {clash[0]!r} has the name of the --{clash[0]}.* flag group: register it under another name")  # fmt: skip
+    order = {"acr": ACRConfig, **remedies, **{k: v for k, v in FIXED_GROUPS.items() if k != "acr"}}
+    return {ns: (_title(cls), cls) for ns, cls in order.items()}
+
 
 Settings = dataclasses.make_dataclass(
     "Settings",
-    [(ns, cls, field(default_factory=cls)) for ns, (_, cls) in GROUPS.items()],
+    [(ns, cls, field(default_factory=cls)) for ns, cls in FIXED_GROUPS.items()]
+    + [("remedy", "str | None", field(default=None)), ("remedy_config", Any, field(default=None))],
     frozen=True,
 )
 Settings.__module__ = __name__  # pickles by reference, as a class written out would
-Settings.__doc__ = (
-    """All our flag groups, typed (``settings(args).avspo.alpha``): one field per :data:`GROUPS` entry."""
-)
+Settings.__doc__ = """All our flag groups, typed (``settings(args).acr.window``): one field per
+:data:`FIXED_GROUPS` entry, the chosen remedy's name (``remedy``, ``None`` for OpenRLHF's own
+estimator) and its config (``remedy_config``, e.g. an ``AVSPOConfig``; ``None`` without options)."""
 
 
 def _argparse_kwargs(f: dataclasses.Field) -> dict:
     # the field's range and order are checked when the config is built, by the config itself
     kw = dict({k: v for k, v in f.metadata.items() if k not in CHECK_KEYS}, default=f.default)
-    ann = f.type
+    ann = annotation(f)
     if ann == "bool":
         kw["action"] = "store_true"
     elif ann == "tuple[float, float]":
@@ -187,35 +234,100 @@ def _argparse_kwargs(f: dataclasses.Field) -> dict:
     return kw
 
 
-FLAGS: dict[str, list[tuple[str, dict]]] = {
-    ns: [(f"--{ns}.{f.name}", _argparse_kwargs(f)) for f in fields(cls)] for ns, (_, cls) in GROUPS.items()
-}
+def flags() -> dict[str, list[tuple[str, dict]]]:
+    """Flag namespace -> its ``(--ns.field, argparse keywords)``, from :func:`groups`."""
+    return {ns: [(f"--{ns}.{f.name}", _argparse_kwargs(f)) for f in fields(cls)] for ns, (_, cls) in groups().items()}
+
+
+def _remedy_choices() -> list[str]:
+    """``--remedy``'s choices: ``none`` and every registered estimator (a plugin's included)."""
+    import avspo_openrlhf.algo  # noqa: F401  (importing the remedy modules registers them)
+
+    return ["none", *ESTIMATORS]
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add our flag groups (:data:`GROUPS`: ``--acr.*``, one per remedy, ``--greso.*``, ``--monitor.*``,
-    ``--run.*``, ``--dynamic.*``, ``--buffer.*``, ``--report.*``, ``--cpu.*``) to an argparse parser."""
-    for ns, flags in FLAGS.items():
-        group = parser.add_argument_group(GROUPS[ns][0])
-        for name, kwargs in flags:
-            group.add_argument(name, **kwargs)
+    """Add ``--remedy``, ``--plugin`` and our flag groups (:func:`groups`: ``--acr.*``, one per
+    registered remedy with options, ``--greso.*``, ``--monitor.*``, ``--run.*``, ``--dynamic.*``,
+    ``--buffer.*``, ``--report.*``, ``--cpu.*``) to an argparse parser. A remedy's flags have no
+    argparse default (``args.<remedy>`` holds only what was set): :func:`settings` refuses those of
+    a remedy that is not chosen and fills in the config's defaults for the chosen one."""
+    remedies = remedy_configs()
+    for ns in remedies:  # a remedy's group must not merge into one of OpenRLHF's (--train.*, --actor.*, ...)
+        taken = next((s for s in parser._option_string_actions if s == f"--{ns}" or s.startswith(f"--{ns}.")), None)
+        if taken is not None:
+            raise ValueError(f"estimator {ns!r}: its --{ns}.* flags would join the parser's {taken}: register it under another name")  # fmt: skip
+    choose = parser.add_argument_group("Advantage remedy (avspo-openrlhf)")
+    choose.add_argument(
+        "--remedy",
+        default="none",
+        choices=_remedy_choices(),
+        help="The advantage estimator, by its name in the registry (avspo_openrlhf.algo.ESTIMATORS): none keeps "
+        "OpenRLHF's own --algo.advantage.estimator (ACR is measured and logged either way); any other needs "
+        "--algo.advantage.estimator group_norm, and its options are its --NAME.* group below (only the chosen "
+        "remedy's may be given). What each does: docs/choosing.md.",
+    )
+    choose.add_argument(
+        "--plugin",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="MODULE",
+        help="A module of yours (a.b.c on sys.path, or a .py file) that registers estimators with "
+        "avspo_openrlhf.algo.register_estimator: imported before the flags are read (so --remedy and --help "
+        "offer its remedies and their --NAME.* flags) and in every Ray worker. docs/add_a_remedy.md.",
+    )
+    for ns, (title, cls) in groups().items():
+        group = parser.add_argument_group(title, _description(cls) if ns in remedies else None)
+        for f in fields(cls):
+            kwargs = _argparse_kwargs(f)
+            if ns in remedies:  # set or absent: "given for another remedy" must be visible in args
+                kwargs["default"] = argparse.SUPPRESS
+            action = group.add_argument(f"--{ns}.{f.name}", **kwargs)
+            action.field_default = f.default  # what docs/flags.md shows as its default
     return parser
+
+
+def _remedy_of(args) -> str | None:
+    remedy = getattr(args, "remedy", None)
+    if remedy in (None, "none"):
+        return None
+    if remedy not in _remedy_choices():
+        raise ValueError(f"--remedy {remedy}: no such estimator; choose from {', '.join(_remedy_choices())} "
+                         "(a remedy of yours: --plugin MODULE)")  # fmt: skip
+    return remedy
 
 
 def settings(args) -> Settings:
     """Our groups read from OpenRLHF's hierarchized ``args``, typed and frozen (lists become
-    tuples). A group or field ``args`` lacks (objects built without our parser: tests, other
-    launchers) takes its default. Each group's config checks its values when it is built (valid by
-    construction): a mistake is one ``ValueError`` naming the flag, ``--avspo.alpha must be > 0, got -1.0``."""
-    out = {}
-    for ns, (_, cls) in GROUPS.items():
-        have = vars(getattr(args, ns, None) or SimpleNamespace())
+    tuples), after importing the run's ``--plugin`` modules in this process. A group or field
+    ``args`` lacks (objects built without our parser: tests, other launchers) takes its default.
+    Each group's config checks its values when it is built (valid by construction): a mistake is
+    one ``ValueError`` naming the flag, ``--avspo.alpha must be > 0, got -1.0``; so is an option of
+    a remedy other than ``--remedy``'s."""
+    load_plugins(getattr(args, "plugin", None))
+
+    def given(ns: str) -> dict:
+        group = getattr(args, ns, None)
+        return vars(group) if isinstance(group, SimpleNamespace) else {}
+
+    def build(ns: str, cls: type):
+        have = given(ns)
         try:
-            out[ns] = cls(**{f.name: tuple(v) if isinstance(v := have[f.name], list) else v
-                             for f in fields(cls) if f.name in have})  # fmt: skip
+            return cls(**{f.name: tuple(v) if isinstance(v := have[f.name], list) else v
+                          for f in fields(cls) if f.name in have})  # fmt: skip
         except OptionError as e:
             raise ValueError(e.render(lambda name, ns=ns: f"--{ns}.{name}")) from None
-    return Settings(**out)
+
+    out = {ns: build(ns, cls) for ns, cls in FIXED_GROUPS.items()}
+    remedy = _remedy_of(args)
+    for ns, cls in remedy_configs().items():
+        set_here = [f.name for f in fields(cls) if f.name in given(ns)]
+        if ns != remedy and set_here:
+            raise ValueError(f"--{ns}.{set_here[0]} is an option of --remedy {ns}, but --remedy is {args.remedy}: "
+                             f"drop it, or choose --remedy {ns}")  # fmt: skip
+    cls = ESTIMATORS[remedy].config if remedy else None
+    return Settings(**out, remedy=remedy, remedy_config=build(remedy, cls) if cls is not None else None)
 
 
 # --reward.remote_url avspo:NAME -> the installed reward file's absolute path (configs and launch
@@ -241,9 +353,10 @@ def resolve_reward_alias(args) -> None:
     args.reward.remote_url = ",".join(out)
 
 
-# flags renamed since 0.1.0: the old spelling fails in one line naming the new one
+# flags renamed since 0.1.0: the old spelling fails in one line naming the new one (and every
+# remedy's old --NAME.enable switch names --remedy NAME: :func:`renamed_flags`)
 RENAMED_FLAGS = {
-    "--rlzvp.enable": "--rl_zvp.enable",
+    "--rlzvp.enable": "--remedy rl_zvp",
     "--rlzvp.alpha": "--rl_zvp.alpha",
     "--avspo.std": "--avspo.std_convention",
     "--ngrpo.std": "--ngrpo.std_convention",
@@ -252,6 +365,12 @@ RENAMED_FLAGS = {
     "--avspo.tau_bounds": "--acr.tau_bounds",
     "--avspo.reward_ema_decay": "--acr.reward_ema_decay",
 }
+
+
+def renamed_flags() -> dict[str, str]:
+    """Old flag -> what replaced it: :data:`RENAMED_FLAGS` and ``--NAME.enable`` -> ``--remedy NAME``
+    for every registered remedy (the switches before ``--remedy``; docs/flags.md#choosing-the-remedy)."""
+    return {**{f"--{ns}.enable": f"--remedy {ns}" for ns in _remedy_choices()[1:]}, **RENAMED_FLAGS}
 
 
 # OpenRLHF estimators whose baseline is the prompt's group of n samples
@@ -302,14 +421,11 @@ def validate(args) -> None:
     _in_range(args)
     n = args.rollout.n_samples_per_prompt
     est = args.algo.advantage.estimator
-    chosen = [ns for ns in REMEDIES if getattr(cfg, ns).enable]
-    if len(chosen) > 1:
-        raise ValueError(f"{' and '.join(f'--{ns}.enable' for ns in chosen)}: choose one advantage remedy")
-    for ns in chosen:
+    if cfg.remedy is not None:
         if est != "group_norm":
-            raise ValueError(f"--{ns}.enable needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
+            raise ValueError(f"--remedy {cfg.remedy} needs --algo.advantage.estimator group_norm (GRPO), got {est!r}")
         if n < 2:
-            raise ValueError(f"--{ns}.enable needs --rollout.n_samples_per_prompt >= 2")
+            raise ValueError(f"--remedy {cfg.remedy} needs --rollout.n_samples_per_prompt >= 2")
         if args.algo.advantage.gamma != 1.0:  # OpenRLHF's group_norm warns and uses 1.0 as well
             print(
                 f"[avspo] --algo.advantage.gamma {args.algo.advantage.gamma} is ignored with group_norm: returns use 1.0"
@@ -349,9 +465,8 @@ def validate(args) -> None:
 
 
 def chosen_remedy(args) -> str | None:
-    """The advantage remedy the flags enable (its estimator's name), ``None`` for OpenRLHF's own."""
-    cfg = settings(args)
-    return next((ns for ns in REMEDIES if getattr(cfg, ns).enable), None)
+    """The advantage remedy ``--remedy`` chose (its estimator's name), ``None`` for OpenRLHF's own."""
+    return settings(args).remedy
 
 
 def build_controller(args):
@@ -360,8 +475,7 @@ def build_controller(args):
     from avspo_openrlhf.algo import CollapseController
 
     cfg = settings(args)
-    remedy = chosen_remedy(args)
-    config = getattr(cfg, remedy) if remedy else None
+    remedy, config = cfg.remedy, cfg.remedy_config
     seed = getattr(config, "seed", None)  # a remedy's own seed (AVSPO's random_uniform), else the run's
     seed = seed if seed is not None else getattr(getattr(args, "train", None), "seed", 0)
     return CollapseController(remedy, config, acr=cfg.acr, monitor=cfg.monitor, seed=seed)

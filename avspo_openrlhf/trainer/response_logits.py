@@ -6,7 +6,7 @@ keeps the last A positions. On a small model with a large vocabulary most of tha
 backward, is spent on prompt positions (SmolLM2-135M: a 49k-token LM head for ~50 prompt and 32
 response tokens). transformers' ``logits_to_keep`` projects only the last A + 1 hidden states; the
 action log-probs, the entropies OpenRLHF's callers read (``output.entropy[:, -A:]``) and
-``output["logits"][:, -A - 1 : -1]`` (RL-ZVP's, ``entropy.py``) are those of the same rows.
+``output["logits"][:, -A - 1 : -1]`` (a token-level remedy's, ``token_level.py``) are those of the same rows.
 
 Only for the plain case: unpacked batches of a text model without ring attention, asking for action
 log-probs. Anything else (packing, VLMs, ``return_logprobs``, ``allgather_logits``) goes to
@@ -16,6 +16,7 @@ OpenRLHF's own ``forward`` unchanged.
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 
 import torch
 from openrlhf.models import Actor
@@ -39,11 +40,20 @@ class ResponseLogitsActor(Actor):
     """OpenRLHF's ``Actor`` whose ``forward`` computes logits for the response positions only.
 
     With ``entropy_rows`` set (``[B]`` bool) it also keeps those rows' response-token entropies,
-    detached, in ``kept_entropy`` (``[R, A]``): RL-ZVP's, from the training forward
-    (``old_log_probs.py``)."""
+    detached, in ``kept_entropy`` (``[R, A]``): a token-level remedy's, from the training forward
+    (:meth:`keeping_entropy`, ``token_level.py``)."""
 
     entropy_rows: torch.Tensor | None = None
     kept_entropy: torch.Tensor | None = None
+
+    @contextmanager
+    def keeping_entropy(self, rows: torch.Tensor):
+        """Within the block, each forward keeps the entropies of ``rows`` in ``kept_entropy``."""
+        self.entropy_rows, self.kept_entropy = rows, None
+        try:
+            yield
+        finally:
+            self.entropy_rows = self.kept_entropy = None
 
     def forward(self, sequences, action_mask=None, attention_mask=None, return_output=False,
                 allgather_logits=False, return_logprobs=False, ring_attn_group=None, packed_seq_lens=None,

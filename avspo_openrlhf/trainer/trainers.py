@@ -11,7 +11,6 @@ generator and the training actor.
 from __future__ import annotations
 
 import math
-import os
 import re
 import time
 import uuid
@@ -28,14 +27,14 @@ from avspo_openrlhf.redaction import check_wandb_key_in_env
 
 from .config import settings
 from .experience_maker import RemedyExperienceMaker
+from .remedy_state import STATE_KEY, RemedyStateMixin
 from .samples import BatchMeta, RemedySamplesGenerator
-from .stop import stop_file, stopped_marker
+from .staleness import StalenessMixin
+from .stop_policy import StopPolicyMixin
 
 logger = init_logger(__name__)
 
-STATE_KEY = "controller_state"
-LEGACY_STATE_KEYS = ("avspo_state",)  # written before 0.2: still resumed
-SKIPPED = "_avspo_skipped"
+SKIPPED = "_avspo_skipped"  # a batch not trained (stopped run, over-stale): nothing logged or saved
 # optimizer metrics that must be finite before an update may reach the engines or a checkpoint
 LOSS_KEYS = ("policy_loss", "actor_grad_norm", "critic_loss", "entropy_loss", "kl")
 
@@ -73,9 +72,22 @@ def seed_prompt_order(dataloader, seed: int) -> None:
         generator.manual_seed(int(seed))
 
 
-class RemedyTrainerMixin:
+def attach_samples_generator(owner, strategy, vllm_engines, tokenizer, **hooks) -> None:
+    """Gives ``owner`` (OpenRLHF's sync trainer or async generator actor) our samples generator over
+    its prompt dataloader, in ``--train.seed``'s order; ``hooks`` are the generator's
+    ``version_fn``/``requeue_fn``/``stop_fn``. OpenRLHF checkpoints the dataloader's state_dict:
+    GRESO's history travels inside it."""
+    seed_prompt_order(owner.prompts_dataloader, strategy.args.train.seed)
+    owner.samples_generator = RemedySamplesGenerator(strategy=strategy, prompts_dataloader=owner.prompts_dataloader,
+                                                     eval_dataloader=owner.eval_dataloader, tokenizer=tokenizer,
+                                                     vllm_engines=vllm_engines, **hooks)  # fmt: skip
+    owner.prompts_dataloader = owner.samples_generator.state_with_extras(owner.prompts_dataloader)
+
+
+class RemedyTrainerMixin(StopPolicyMixin, StalenessMixin, RemedyStateMixin):
     """Goes before an OpenRLHF trainer class in the MRO; call :meth:`_remedy_setup` after its
-    ``__init__``."""
+    ``__init__``. One step's flow and metrics here; the stop policy (``stop_policy.py``), the async
+    staleness bound (``staleness.py``) and the checkpointed state (``remedy_state.py``) apart."""
 
     def _remedy_setup(self) -> None:
         self.cfg = settings(self.args)  # our flag groups, typed
@@ -115,25 +127,15 @@ class RemedyTrainerMixin:
 
     # ── one step ──
     def train_step(self, rollout_samples, global_step: int):
-        if not self.stop_reason and self._limit_reason(global_step):
-            # a resumed run that had already reached --run.max_steps / the token budget: no extra step
-            self.stop_reason = self._limit_reason(global_step)
-            logger.info(f"[avspo] {self.stop_reason} before this batch: not trained")
-            self._request_stop()
-        if self.stop_reason:  # batches already in flight when the run was stopped
+        if self._stopped(global_step):
             return {SKIPPED: True}, global_step
         t_start = time.time()
         self._lock_wait_s = 0.0
         meta = BatchMeta.of(rollout_samples, self.args.rollout.n_samples_per_prompt)
         extra: dict[str, float] = {}
         is_async = self.args.train.async_enable
-        if meta.policy_version is not None and is_async:
-            staleness = global_step - meta.policy_version
-            extra["async/staleness"] = float(staleness)
-            extra["async/policy_version"] = float(meta.policy_version)
-            bound = self.cfg.buffer.max_staleness
-            if bound is not None and staleness > bound:
-                return self._reject_stale(rollout_samples, meta, staleness, global_step), global_step
+        if meta.policy_version is not None and is_async and self._too_stale(rollout_samples, meta, global_step, extra):
+            return {SKIPPED: True}, global_step
         status, step = super().train_step(rollout_samples, global_step)
         self.policy_version = step
         c = self.counters
@@ -172,57 +174,10 @@ class RemedyTrainerMixin:
             )
         return status
 
-    def _reject_stale(self, rollout_samples, meta: BatchMeta, staleness: int, global_step: int) -> dict:
-        self.counters["dropped_stale_batches"] += 1
-        n = self.args.rollout.n_samples_per_prompt
-        if self.cfg.buffer.stale_policy == "regenerate":
-            firsts = rollout_samples[::n]  # the generator emits each prompt's n samples together
-            sources = meta.group_datasources or [None] * len(firsts)
-            batches = [([ds], s.prompts[:1], s.labels[:1], (s.images or [None])[:1]) for ds, s in zip(sources, firsts)]
-            self._requeue(batches)
-            self.counters["requeued_prompts"] += len(batches)
-        logger.warning(
-            f"[avspo] batch of {len(rollout_samples)} samples is {staleness} versions stale "
-            f"(> --buffer.max_staleness {self.cfg.buffer.max_staleness}): {self.cfg.buffer.stale_policy}"
-        )
-        return {SKIPPED: True}
-
-    def _requeue(self, batches) -> None:
-        raise NotImplementedError("re-generation needs the async trainer")
-
     def _compute_rollout_stats(self, experiences):
         stats = super()._compute_rollout_stats(experiences)
         stats.update(self.experience_maker.last_metrics)
         return stats
-
-    # ── state in checkpoints ──
-    def remedy_state_dict(self) -> dict:
-        return {"controller": self.controller.state_dict(), "counters": dict(self.counters)}
-
-    def load_remedy_state_dict(self, state: dict) -> None:
-        self.controller.load_state_dict(state["controller"])
-        self.counters.update(state["counters"])
-
-    def restore_best_checkpoint_state(self, checkpoint_states) -> None:
-        super().restore_best_checkpoint_state(checkpoint_states)
-        if checkpoint_states:
-            self.policy_version = int(checkpoint_states.get("global_step", 0))
-            state = next(
-                (checkpoint_states[k] for k in (STATE_KEY, *LEGACY_STATE_KEYS) if checkpoint_states.get(k)), None
-            )
-            if state:
-                self.load_remedy_state_dict(state)
-                logger.info(f"[avspo] restored ACR/threshold state at step {self.policy_version}")
-            if self.cfg.report.dir and self.policy_version > 0:  # steps logged after it are trained again: once
-                from avspo_openrlhf.report import JsonlLogger
-
-                dropped = JsonlLogger(self.cfg.report.dir).truncate_after(self.policy_version)
-                if dropped:
-                    logger.info(f"[avspo] metrics.jsonl: {dropped} row(s) after step {self.policy_version} dropped")
-
-    def save_best_checkpoint(self, eval_metrics, global_step, client_states=None):
-        client_states = dict(client_states or {}, **{STATE_KEY: self.remedy_state_dict()})
-        return super().save_best_checkpoint(eval_metrics, global_step, client_states)
 
     def save_logs_and_checkpoints(self, global_step: int, logs_dict=None, client_states=None) -> None:
         if logs_dict and logs_dict.get(SKIPPED):
@@ -231,58 +186,6 @@ class RemedyTrainerMixin:
         super().save_logs_and_checkpoints(global_step, logs_dict, client_states)
         self._maybe_stop(global_step, client_states)
 
-    def _maybe_stop(self, global_step: int, client_states: dict) -> None:
-        if self.stop_reason:
-            return
-        if os.path.exists(stop_file(self.args)):  # Ctrl-C in avspo-train: checkpoint, then stop
-            self._save_now(global_step, client_states)
-            os.remove(stop_file(self.args))
-            with open(stopped_marker(self.args), "w") as f:  # tells avspo-train to exit 130 (resume me)
-                f.write(f"{global_step}\n")
-            self.stop_reason = f"interrupted at step {global_step}"
-            logger.warning(f"[avspo] {self.stop_reason}: checkpoint saved in {self.args.ckpt.path}")
-            self._request_stop()
-            return
-        self.stop_reason = self._limit_reason(global_step)
-        if self.stop_reason:
-            logger.info(f"[avspo] {self.stop_reason}")
-            self._request_stop()
-            return
-        stop = set(self.cfg.monitor.stop_on_alarm)
-        fired = [a for a, on in self.controller.alarms().items() if on and (a in stop or "any" in stop)]
-        if not fired:
-            return
-        self._save_now(global_step, client_states)
-        self.stop_reason = f"alarm(s) {fired} at step {global_step}"
-        logger.error(
-            f"[avspo] stopping: {self.stop_reason} (--monitor.stop_on_alarm); checkpoint in {self.args.ckpt.path}"
-        )
-        self._request_stop()
-
-    def _limit_reason(self, global_step: int) -> str:
-        """Why the run must not train another step (``--run.max_steps``, the token budget), or ""."""
-        limit, budget = self.cfg.run.max_steps, self.cfg.run.max_generated_tokens
-        if limit is not None and global_step >= limit:
-            return f"--run.max_steps {limit} reached"
-        tokens = self.counters.get("generated_tokens", 0.0)
-        if budget is not None and tokens >= budget:
-            return f"--run.max_generated_tokens {budget} reached ({tokens:.0f})"
-        return ""
-
-    def _save_now(self, global_step: int, client_states: dict) -> None:
-        if global_step % self.args.ckpt.save_steps == 0:
-            return  # saved by save_logs_and_checkpoints already
-        tag = f"global_step{global_step}"
-        refs = self.actor_model_group.async_run_method(
-            method_name="save_checkpoint", tag=tag, client_states=client_states
-        )
-        if self.critic_model_group is not None:
-            refs.extend(self.critic_model_group.async_run_method(method_name="save_checkpoint", tag=tag))
-        ray.get(refs)
-
-    def _request_stop(self) -> None:
-        self.samples_generator.stop = True  # the generator reports "exhausted"; fit() ends normally
-
 
 class _PPOTrainer(RemedyTrainerMixin, PPOTrainer.__ray_actor_class__):
     def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
@@ -290,18 +193,8 @@ class _PPOTrainer(RemedyTrainerMixin, PPOTrainer.__ray_actor_class__):
         check_wandb_key_in_env(strategy.args)  # before OpenRLHF's WandbLogger logs in
         super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
                          reference_model_group, vllm_engines, **generate_kwargs)  # fmt: skip
-        seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
         self._remedy_setup()
-        self.samples_generator = RemedySamplesGenerator(
-            strategy=strategy,
-            prompts_dataloader=self.prompts_dataloader,
-            eval_dataloader=self.eval_dataloader,
-            tokenizer=self.tokenizer,
-            vllm_engines=vllm_engines,
-            version_fn=lambda: self.policy_version,
-        )
-        # OpenRLHF checkpoints the dataloader's state_dict: GRESO's history travels inside it
-        self.prompts_dataloader = self.samples_generator.state_with_extras(self.prompts_dataloader)
+        attach_samples_generator(self, strategy, vllm_engines, self.tokenizer, version_fn=lambda: self.policy_version)
 
 
 RemedyPPOTrainer = ray.remote(_PPOTrainer)
@@ -364,19 +257,10 @@ class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
                  **generate_kwargs):  # fmt: skip
         super().__init__(pretrain, strategy, vllm_engines, vllm_lock=vllm_lock, rollout_queue=rollout_queue,
                          rollout_slots=rollout_slots, **generate_kwargs)  # fmt: skip
-        seed_prompt_order(self.prompts_dataloader, strategy.args.train.seed)
-        old = self.samples_generator
-        self.samples_generator = RemedySamplesGenerator(
-            strategy=strategy,
-            prompts_dataloader=self.prompts_dataloader,
-            eval_dataloader=self.eval_dataloader,
-            tokenizer=old.tokenizer,
-            vllm_engines=vllm_engines,
-            version_fn=lambda: ray.get(coordinator.get_version.remote()),
-            requeue_fn=lambda: ray.get(coordinator.take_requeued.remote()),
-            stop_fn=lambda: ray.get(coordinator.should_stop.remote()),
-        )
-        self.prompts_dataloader = self.samples_generator.state_with_extras(self.prompts_dataloader)
+        attach_samples_generator(self, strategy, vllm_engines, self.samples_generator.tokenizer,
+                                 version_fn=lambda: ray.get(coordinator.get_version.remote()),
+                                 requeue_fn=lambda: ray.get(coordinator.take_requeued.remote()),
+                                 stop_fn=lambda: ray.get(coordinator.should_stop.remote()))  # fmt: skip
 
 
 class _TrainingActor(RemedyTrainerMixin, _async.TrainingActor.__ray_actor_class__):

@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 
 # the remedies with their published defaults; AVSPO's std/eps set so that with its gate closed it is
 # this study's GRPO (OpenRLHF group_norm: unbiased std + 1e-9) bit for bit
-AVSPO = ["--avspo.enable", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9"]
+AVSPO = ["--remedy", "avspo", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9"]
 
 STUDY = RemediesStudy(
     # The task mix: at the start ~58 % of SmolLM2-135M's groups (G=8, T=0.7, 32 tokens) collapse, nearly
@@ -52,10 +52,10 @@ STUDY = RemediesStudy(
         "GRPO": [],
         "AVSPO": AVSPO,
         "DAPO-DS": ["--dynamic.std_filter"],
-        "NGRPO": ["--ngrpo.enable", "--actor.eps_clip_low_high", "0.16", "0.24"],
+        "NGRPO": ["--remedy", "ngrpo", "--actor.eps_clip_low_high", "0.16", "0.24"],
         "GRESO": ["--greso.enable", "--greso.audit", "0.1", "--dynamic.std_filter"],
         "GRESO+AVSPO": ["--greso.enable", "--greso.audit", "0.1", *AVSPO],
-        "RL-ZVP": ["--rl_zvp.enable"],
+        "RL-ZVP": ["--remedy", "rl_zvp"],
     },
     min_seeds={"GRPO": 5, "AVSPO": 5, "DAPO-DS": 5, "NGRPO": 5, "GRESO": 3, "GRESO+AVSPO": 3, "RL-ZVP": 3},
     baselines=("GRPO", "DAPO-DS"),

@@ -10,7 +10,12 @@ import torch
 from local_actors import free_port
 
 BASE = ["--reward.remote_url", "r.py", "--actor.num_gpus_per_node", "1", "--algo.advantage.estimator", "group_norm"]
-REMEDY_FLAGS = {"grpo": [], "avspo": ["--avspo.enable"], "ngrpo": ["--ngrpo.enable"], "rl_zvp": ["--rl_zvp.enable"]}
+REMEDY_FLAGS = {
+    "grpo": [],
+    "avspo": ["--remedy", "avspo"],
+    "ngrpo": ["--remedy", "ngrpo"],
+    "rl_zvp": ["--remedy", "rl_zvp"],
+}
 
 
 def actor_args(model: str, ckpt: str, zero_stage: int, *flags: str, g: int = 4, n: int = 2):
