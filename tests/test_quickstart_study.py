@@ -37,3 +37,31 @@ def test_the_committed_table_is_the_committed_jsons():
     published = json.loads((FOLDER / "results.json").read_text(encoding="utf-8"))
     text = quickstart_default.table({int(seed): r for seed, r in published.items()})
     assert text == (FOLDER / "results.md").read_text(encoding="utf-8")
+
+
+def _first_run():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("first_run", ROOT / "benchmarks" / "first_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_first_run_reads_setup_breakdown():
+    log = "==> torch\nnoise\n\nsetup.sh took 190 s:\n    32 s  torch (CPU wheel)\n   101 s  CPU stack (requirements.txt)\n\nDone.\n"
+    assert _first_run().setup_breakdown(log) == (
+        190,
+        [("torch (CPU wheel)", 32), ("CPU stack (requirements.txt)", 101)],
+    )
+    assert _first_run().setup_breakdown("no breakdown") == (None, [])
+
+
+def test_committed_first_run_page_is_its_json():
+    results = ROOT / "benchmarks" / "results"
+    if not (results / "first_run.json").exists():
+        import pytest
+
+        pytest.skip("no first-run measurement committed")
+    r = json.loads((results / "first_run.json").read_text())
+    assert (results / "first_run.md").read_text() == _first_run().page(r)
