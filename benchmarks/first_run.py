@@ -1,8 +1,8 @@
 """A newcomer's first run, timed: a fresh clone of this repository's HEAD, empty caches, then the
 README's first command (``bash quickstart.sh``: setup.sh, then the quickstart), with each part's
-seconds. Writes ``benchmarks/results/first_run.md`` (and ``.json``).
+seconds. Writes ``benchmarks/results/first_run.md`` (and ``.json``), which docs/quickstart.md shows.
 
-    python benchmarks/first_run.py            # about 10 minutes on 2 cores; commit first (it clones HEAD)
+    .venv/bin/python benchmarks/first_run.py   # about 10 minutes on 2 cores; commit first (it clones HEAD)
 
 Empty caches: a temporary HOME (the model cache, vLLM's, Hugging Face's, pip's, wandb's) and a new
 virtualenv; the machine's pip configuration (``~/.config/pip``) is kept, as a fresh machine of the
@@ -42,9 +42,7 @@ def setup_breakdown(log: str) -> tuple[int | None, list[tuple[str, int]]]:
 def page(r: dict) -> str:
     g = [100 * x for x in r["quickstart"]["gain_ci95"]["all"]]  # (gain, lo, hi) as fractions
     lines = [
-        "# The first run on a fresh machine",
-        "",
-        f"`python benchmarks/first_run.py` at commit `{r['commit']}`, {r['date']}: a fresh clone, empty caches, "
+        f"`.venv/bin/python benchmarks/first_run.py` at commit `{r['commit']}`, {r['date']}: a fresh clone, empty caches, "
         f"`bash quickstart.sh`. CPU: {r['cpu']}. Precision: {r['precision']}.",
         "",
         "| part | seconds |",

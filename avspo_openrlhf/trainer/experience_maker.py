@@ -1,13 +1,13 @@
 """OpenRLHF's experience maker with ACR measured on every batch and the chosen remedy's advantages.
 
 Only the baseline block of ``RemoteExperienceMaker.compute_advantages_and_returns`` changes. With an
-advantage remedy on (``--avspo.enable``, ``--ngrpo.enable``, ``--rl_zvp.enable``, ``--sign.enable``)
-we apply OpenRLHF's length penalties, compute the ``[N, G]`` raw and shaped reward matrices, let
+advantage remedy chosen (``--remedy NAME``, any registered estimator) we apply OpenRLHF's length
+penalties, compute the ``[N, G]`` raw and shaped reward matrices, let
 :class:`~avspo_openrlhf.algo.CollapseController` produce the per-sample advantages, then call
 OpenRLHF's own per-token pieces for GRPO (``compute_reward``: KL penalty and reward clipping;
 ``get_cumulative_returns``) on them; a token-level remedy (RL-ZVP) adds its token advantages
-(``token_level.py``). Without
-one, OpenRLHF's method runs unchanged and we only measure. ``args`` are never modified.
+(``token_level.py``). Without one, OpenRLHF's method runs unchanged and we only measure. ``args``
+are never modified.
 """
 
 from __future__ import annotations
