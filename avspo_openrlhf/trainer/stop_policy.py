@@ -23,8 +23,8 @@ class StopPolicyMixin:
     def _stopped(self, global_step: int) -> bool:
         """Whether this batch must not be trained: the run was stopped (batches still in flight), or
         a resumed run had already reached its step limit or token budget (no extra step)."""
-        if not self.stop_reason and self._limit_reason(global_step):
-            self.stop_reason = self._limit_reason(global_step)
+        if not self.stop_reason and (reason := self._limit_reason(global_step)):
+            self.stop_reason = reason
             logger.info(f"[avspo] {self.stop_reason} before this batch: not trained")
             self._request_stop()
         return bool(self.stop_reason)
