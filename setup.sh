@@ -29,16 +29,8 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 step "torch (CPU wheel)"
 pip install -q --no-compile torch==2.13.0
 step "DeepSpeed (built against the installed torch)"
+# a CPU run loads none of its compiled ops (avspo_openrlhf/cpu/strategy.py): nothing to compile here
 pip install -q --no-compile --no-build-isolation -r requirements-deepspeed.txt  # its dependencies pinned: see the file
-
-# DeepSpeed compiles these on a run's first use, silently; here, into the environment's own folder
-# ($VENV/torch_extensions, which avspo-train uses), so two checkouts never rebuild each other's.
-# They need only torch and DeepSpeed: the build runs beside the installs below (pip mostly unpacks
-# and writes files; the compiler takes the cores), which saves most of its minutes on a fresh machine.
-printf '\n==> %s\n' "compiling DeepSpeed's CPU ops in the background (log: $VENV/ops_build.log)"
-DS_ACCELERATOR=cpu PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m avspo_openrlhf.cpu.ops >"$VENV/ops_build.log" 2>&1 &
-OPS_PID=$!
-trap 'kill "$OPS_PID" 2>/dev/null || true' EXIT
 
 step "CPU stack (requirements.txt)"
 pip install -q --no-compile -r requirements.txt
@@ -52,15 +44,6 @@ pip install -q --no-compile -r requirements-trl.txt
 pip install -q --no-compile --no-deps -r requirements-verl.txt
 step "avspo-openrlhf (editable)"
 pip install -q --no-deps -e .
-
-step "DeepSpeed's CPU ops: the rest of their compiling (a re-run finds them built)"
-if ! wait "$OPS_PID"; then
-  tail -n 30 "$VENV/ops_build.log"
-  echo "setup.sh: compiling DeepSpeed's CPU ops failed (whole log: $VENV/ops_build.log)" >&2
-  exit 1
-fi
-trap - EXIT
-grep -E '^(\[avspo\] compiled|  )' "$VENV/ops_build.log" || true
 
 step "checking the install"
 "$VENV/bin/python" - <<'PY'

@@ -14,8 +14,8 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("openrlhf")
 
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor  # noqa: E402
-from openrlhf.utils import get_strategy  # noqa: E402
 
+from avspo_openrlhf.cpu.strategy import cpu_strategy  # noqa: E402
 from avspo_openrlhf.cpu.tiny import build_tiny_model  # noqa: E402
 from avspo_openrlhf.install import installed  # noqa: E402
 from avspo_openrlhf.trainer.experience_maker import RemedyExperienceMaker  # noqa: E402
@@ -32,7 +32,7 @@ def _port():
 
 def _actor(args, model, port):
     actor = PolicyModelActor.__ray_actor_class__(1, 0, "127.0.0.1", port)
-    actor.init_model_from_pretrained(get_strategy(args), model, max_steps=4)
+    actor.init_model_from_pretrained(cpu_strategy(args), model, max_steps=4)  # as the CPU backend
     return actor
 
 

@@ -82,9 +82,9 @@ def _pins(path: str) -> dict[str, str]:
 @pytest.mark.skipif(not installed("deepspeed"), reason="the CPU stack is not installed (bash setup.sh)")
 @pytest.mark.parametrize("path", ["requirements.txt", "requirements-deepspeed.txt"])
 def test_the_environment_has_the_pinned_versions(path):
-    # setup.sh installs DeepSpeed before requirements.txt (its ops compile while the rest installs):
-    # its dependencies' pins must be the versions the whole stack ends with, or the later install
-    # would move them under the running build
+    # setup.sh installs DeepSpeed before requirements.txt (its sdist builds against the installed
+    # torch): its dependencies' pins must be the versions the whole stack ends with, or the later
+    # install would move them
     root = os.path.join(os.path.dirname(__file__), "..")
     wrong = {
         name: (want, md.version(name))

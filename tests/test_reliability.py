@@ -168,13 +168,13 @@ def _ckpt_actor(args, model):
 
     from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
 
-    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
+    from avspo_openrlhf.cpu.strategy import cpu_strategy  # the crash-safe strategy, as the CPU backend runs it
 
     with socket.socket() as s:
         s.bind(("", 0))
         port = s.getsockname()[1]
     actor = PolicyModelActor.__ray_actor_class__(1, 0, "127.0.0.1", port)
-    actor.init_model_from_pretrained(crash_safe_strategy(args), model, max_steps=8)
+    actor.init_model_from_pretrained(cpu_strategy(args), model, max_steps=8)
     return actor
 
 

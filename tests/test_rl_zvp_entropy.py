@@ -95,7 +95,7 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
     from avspo_openrlhf.cpu.backend import CPUPolicyModelActor
     from avspo_openrlhf.cpu.tiny import build_tiny_model
     from avspo_openrlhf.install import installed
-    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
+    from avspo_openrlhf.cpu.strategy import cpu_strategy
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     # the actor sets these in os.environ (the loopback store among them): restored after the test, or
@@ -119,7 +119,7 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
     sign = zero_variance_sign(REWARDS)
     with installed(cpu=True), torch.compiler.set_stance("force_eager"):  # CPU workers run without dynamo
         actor = CPUPolicyModelActor(1, 0, "127.0.0.1", free_port())
-        actor.init_model_from_pretrained(crash_safe_strategy(args), model, max_steps=4)
+        actor.init_model_from_pretrained(cpu_strategy(args), model, max_steps=4)
         assert actor.reuse_old is (old_pass == "skipped")
         calls: list[int] = []
         real = actor.actor.forward

@@ -181,6 +181,9 @@ def train_flags(args, model: str, train: str, out: Path, heldout: str | None = N
         "--algo.kl.init_coef", "0", "--acr.window", "5", "--ds.zero_stage", "2", "--train.seed", str(args.seed),
         "--cpu.dtype", args.dtype,
         "--ckpt.path", str(out / "ckpt"), "--ckpt.save_steps", str(args.save_steps), "--ckpt.max_num", "1",
+        # no best_global_step* copies (OpenRLHF saves one at every better in-training evaluation): the run
+        # resumes from the latest checkpoint and the evaluation after training scores the final model
+        "--ckpt.best_metric_key", "none",
         "--ckpt.load_enable", "--ckpt.output_dir", str(out / "final"),
         "--logger.tensorboard_dir", str(out / "tensorboard"), "--report.dir", str(out / "report"), "--report.wandb",
     ]  # fmt: skip

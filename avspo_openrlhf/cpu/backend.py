@@ -426,14 +426,14 @@ def train_cpu(args, on_ray_started=None) -> None:
     right after Ray is up (the driver takes its SIGTERM handler back from Ray there)."""
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
-    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
+    from avspo_openrlhf.cpu.strategy import cpu_strategy
     from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, RemedyPPOTrainerAsync
 
     engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
     init_ray(thread_env(args.train.async_enable, bool(engine_cores)))
     if on_ray_started is not None:
         on_ray_started()
-    strategy = crash_safe_strategy(args)
+    strategy = cpu_strategy(args)
     model = args.actor.model_name_or_path
     engines = [
         ray.remote(num_cpus=0)(CPUEngine).remote(

@@ -1,15 +1,16 @@
 """DeepSpeed's C++ ops for the CPU backend, built once per environment and never unannounced.
 
-DeepSpeed compiles the ops the CPU backend loads (``deepspeed_shm_comm`` for its collectives on
-gloo, ``fused_adam`` for the optimizer, ``cpu_adam`` instead with ``--ds.adam_offload``) with torch's
-``cpp_extension`` the first time a process loads them: about a minute on 2 cores, printing nothing.
-Torch keeps them in ``~/.cache/torch_extensions/py311_cpu/<op>``, a folder named by the op while
+A default CPU run loads no compiled op (cpu/strategy.py: torch's AdamW instead of DeepSpeed's
+``fused_adam``, gloo alone instead of its ``deepspeed_shm_comm`` collectives). ``--ds.adam_offload``
+runs load ``cpu_adam``, which DeepSpeed compiles with torch's ``cpp_extension`` the first time a
+process loads it: about a minute on 2 cores, printing nothing, with a C++ compiler and ninja.
+Torch keeps ops in ``~/.cache/torch_extensions/py311_cpu/<op>``, a folder named by the op while
 its build command holds the installed DeepSpeed's path, so two environments (a second checkout, a
 CI clone) rebuild each other's ops at every switch. Here the folder belongs to the environment:
 ``TORCH_EXTENSIONS_DIR`` defaults to ``<venv>/torch_extensions`` (``backend.CPU_ENV`` hands it to the
-Ray workers); ``setup.sh`` builds the ops there, and a run that still has to build one says so.
+Ray workers); a run builds what it needs there before its actors start, and says so.
 
-    python -m avspo_openrlhf.cpu.ops [--offload]   # build them now (setup.sh does)
+    python -m avspo_openrlhf.cpu.ops   # build cpu_adam now, for --ds.adam_offload runs
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def default_build_root() -> str:
 
 
 def ops_for(adam_offload: bool) -> list[str]:
-    """The ops a CPU-backend run loads."""
-    return ["deepspeed_shm_comm", "cpu_adam" if adam_offload else "fused_adam"]
+    """The ops a CPU-backend run loads (cpu/strategy.py: none without ``--ds.adam_offload``)."""
+    return ["cpu_adam"] if adam_offload else []
 
 
 def is_built(name: str) -> bool:
@@ -68,7 +69,7 @@ def build(names: list[str], say=print) -> dict[str, float]:
         fresh = not is_built(name)
         if fresh:
             say(f"[avspo] compiling DeepSpeed op {name} once for this environment into {where} (about a minute on "
-                "2 cores; setup.sh builds it ahead) ...")  # fmt: skip
+                "2 cores; python -m avspo_openrlhf.cpu.ops builds it ahead) ...")  # fmt: skip
         t = time.time()
         getattr(builders, BUILDERS[name])().load(verbose=False)
         took[name] = time.time() - t
@@ -80,10 +81,10 @@ def build(names: list[str], say=print) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m avspo_openrlhf.cpu.ops", description=__doc__.split("\n\n")[0])
-    p.add_argument("--offload", action="store_true", help="also cpu_adam (--ds.adam_offload runs load it)")
-    args = p.parse_args(argv)
-    names = ops_for(False) + (["cpu_adam"] if args.offload else [])
+    p = argparse.ArgumentParser(prog="python -m avspo_openrlhf.cpu.ops", description=__doc__.split("\n\n")[0],
+                                epilog="Builds cpu_adam, the op --ds.adam_offload runs load; a default run loads none.")  # fmt: skip
+    p.parse_args(argv)
+    names = ops_for(True)
     took = build(names, say=lambda msg: print(msg, flush=True))
     print(
         "  " + ", ".join(f"{n} {s:.0f} s" for n, s in took.items()) + f"  ({extensions_dir() or default_build_root()})"

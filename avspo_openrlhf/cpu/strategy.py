@@ -1,0 +1,44 @@
+"""The CPU backend's DeepSpeed strategy: the crash-safe one, loading no compiled op.
+
+DeepSpeed's CPU accelerator JIT-compiles two C++ ops for an ordinary run: ``fused_adam`` (the
+optimizer OpenRLHF's ``"type": "AdamW"`` config selects) and ``deepspeed_shm_comm`` (shared-memory
+collectives), about 80 s and 50 s on 2 cores, with a C++ compiler and ninja the machine must have.
+The CPU backend needs neither: torch's ``AdamW`` computes the same update (DeepSpeed's documented
+``torch_adam`` optimizer parameter), and a world of one process has no collective to share memory
+for (gloo does the rest). ``--ds.adam_offload`` keeps DeepSpeed's ``cpu_adam`` (cpu/ops.py builds it).
+"""
+
+from __future__ import annotations
+
+import os
+
+from avspo_openrlhf.trainer.checkpoint import CrashSafeStrategy
+
+SHM_OP = "deepspeed_shm_comm"
+
+
+class CPUStrategy(CrashSafeStrategy):
+    def get_ds_train_config(self, optim_dict=None, *, max_norm=None):
+        config = super().get_ds_train_config(optim_dict, max_norm=max_norm)
+        optimizer = config.get("optimizer")
+        if optimizer and optimizer.get("type") in ("Adam", "AdamW") and not self.adam_offload:
+            config["optimizer"] = {**optimizer, "params": {**optimizer["params"], "torch_adam": True}}
+        return config
+
+    def setup_distributed(self, *args, **kwargs) -> None:
+        if int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            # DeepSpeed's TorchBackend builds the shm op when it is marked compatible (comm/torch.py:
+            # build_shm_op); the mark is read at that moment, in this process only
+            from deepspeed.git_version_info import compatible_ops
+
+            compatible_ops[SHM_OP] = False
+        super().setup_distributed(*args, **kwargs)
+
+
+def cpu_strategy(args) -> CPUStrategy:
+    """``openrlhf.utils.get_strategy(args)`` as the CPU backend runs it (see the module's docstring)."""
+    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
+
+    strategy = crash_safe_strategy(args)
+    strategy.__class__ = CPUStrategy
+    return strategy
