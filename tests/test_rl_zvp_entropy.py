@@ -93,9 +93,9 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
     in addition) on exactly the zero-variance responses."""
     pytest.importorskip("deepspeed")
     from avspo_openrlhf.cpu.backend import CPUPolicyModelActor
+    from avspo_openrlhf.cpu.strategy import cpu_strategy
     from avspo_openrlhf.cpu.tiny import build_tiny_model
     from avspo_openrlhf.install import installed
-    from avspo_openrlhf.cpu.strategy import cpu_strategy
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     # the actor sets these in os.environ (the loopback store among them): restored after the test, or
