@@ -5,6 +5,9 @@ set -uo pipefail
 cd "$(dirname "$0")" || exit 1
 VENV=${AVSPO_VENV:-.venv}
 export DS_ACCELERATOR=cpu WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
+# the suite starts many Python processes that import the stack: with Python's bytecode cache
+# off (PYTHONDONTWRITEBYTECODE, set by some CI images) each compiles it from source again, ~8 s apiece
+unset PYTHONDONTWRITEBYTECODE
 "$VENV/bin/python" -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

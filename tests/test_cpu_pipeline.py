@@ -77,7 +77,9 @@ def _check_metrics(rows):
 
 
 def test_sync_run_end_to_end(assets, tmp_path):
-    log = _train(_flags(assets, tmp_path))
+    flags = _flags(assets, tmp_path)
+    flags[flags.index("--reward.remote_url") + 1] = str(FIXTURES / "hanging_reward.py")  # the timeouts below
+    log = _train(flags)
     rows, _ = read_metrics(str(tmp_path / "report" / "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(1, 9))  # 32 prompts / 4 per step
     _check_metrics(rows)

@@ -60,6 +60,9 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         want = {"bf16": torch.bfloat16, "fp32": torch.float32}[cpu_dtype]
         assert {p.dtype for p in actor.actor.model.parameters()} == {want}
         assert actor.actor.model.bfloat16_enabled() == (cpu_dtype == "bf16")  # DeepSpeed's engine
+        # under ZeRO's wrapper, torch's fused AdamW (cpu/strategy.py), not DeepSpeed's compiled FusedAdam
+        inner = actor.actor_optim.optimizer
+        assert type(inner) is torch.optim.AdamW and inner.defaults["fused"] is True, inner
         maker = make_maker(args, RemedyExperienceMaker, kl_coef=0.0)
         exps = maker.split_rollout_samples(rollout_samples(rewards))
         for e in exps:  # what make_experience attaches: current and reference log-probs
