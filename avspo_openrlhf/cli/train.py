@@ -301,7 +301,14 @@ def _run(argv: list[str], dry_run: bool):
         from avspo_openrlhf.cpu.backend import train_cpu
 
         with cpu_console(args):
-            train_cpu(args, on_ray_started=reclaim_sigterm)
+            try:
+                train_cpu(args, on_ray_started=reclaim_sigterm)
+            finally:
+                # Ray relays its workers' last lines, and those it held back as repeats, as it shuts
+                # down: inside the console's block, so they reach the log, not the terminal
+                import ray
+
+                ray.shutdown()
     else:
         from avspo_openrlhf.install import installed
 
