@@ -6,7 +6,8 @@ seconds. Writes ``benchmarks/results/first_run.md`` (and ``.json``), which docs/
 
 Empty caches: a temporary HOME (the model cache, vLLM's, Hugging Face's, pip's, wandb's) and a new
 virtualenv; the machine's pip configuration (``~/.config/pip``) is kept, as a fresh machine of the
-same kind has it, and ``PYTHONDONTWRITEBYTECODE`` is unset (Python's default: it caches bytecode). Run it on an otherwise quiet machine: the times are wall-clock.
+same kind has it, and ``PYTHONDONTWRITEBYTECODE`` is unset (Python's default: it caches bytecode).
+Run it on an otherwise quiet machine: the times are wall-clock.
 """
 
 from __future__ import annotations

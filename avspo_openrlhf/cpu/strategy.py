@@ -2,17 +2,18 @@
 
 DeepSpeed's CPU accelerator JIT-compiles two C++ ops for an ordinary run: ``fused_adam`` (the
 optimizer OpenRLHF's ``"type": "AdamW"`` config selects) and ``deepspeed_shm_comm`` (shared-memory
-collectives), about 80 s and 50 s on 2 cores, with a C++ compiler and ninja the machine must have.
-The CPU backend needs neither: torch's fused ``AdamW`` computes the same update (DeepSpeed's
-documented ``torch_adam`` optimizer parameter), and a world of one process has no collective to share memory
-for (gloo does the rest). ``--ds.adam_offload`` keeps DeepSpeed's ``cpu_adam`` (cpu/ops.py builds it).
+collectives), 78 s and 49 s on the 2-core AMD EPYC, with a C++ compiler and ninja the machine must
+have. The CPU backend needs neither: torch's fused ``AdamW`` computes the same update (DeepSpeed's
+documented ``torch_adam`` optimizer parameter), and a world of one process has no collective to
+share memory for (gloo does the rest). ``--ds.adam_offload`` keeps DeepSpeed's ``cpu_adam``
+(cpu/ops.py builds it).
 """
 
 from __future__ import annotations
 
 import os
 
-from avspo_openrlhf.trainer.checkpoint import CrashSafeStrategy
+from avspo_openrlhf.trainer.checkpoint import CrashSafeStrategy, crash_safe_strategy
 
 SHM_OP = "deepspeed_shm_comm"
 
@@ -40,8 +41,6 @@ class CPUStrategy(CrashSafeStrategy):
 
 def cpu_strategy(args) -> CPUStrategy:
     """``openrlhf.utils.get_strategy(args)`` as the CPU backend runs it (see the module's docstring)."""
-    from avspo_openrlhf.trainer.checkpoint import crash_safe_strategy
-
     strategy = crash_safe_strategy(args)
     strategy.__class__ = CPUStrategy
     return strategy
