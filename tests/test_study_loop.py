@@ -22,7 +22,7 @@ from avspo_openrlhf.data.io import write_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.study import loop
 from avspo_openrlhf.study.loop import Arm, RunSpec, Settings
-from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, paired_t, seeds_for_halfwidth
+from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, paired_t, per_seed_diffs, seeds_for_halfwidth
 from avspo_openrlhf.study.scheduler import Job, run_jobs
 
 pytest.importorskip("transformers")
@@ -42,9 +42,11 @@ ARMS = {  # the study's arms (experiments/remedies_gpu/run.py) and each estimato
     "DAPO-DS": Arm("grpo", dynamic=True),
     "GRESO": Arm("grpo", dynamic=True, greso={}),
     "random-reward": Arm("grpo", reward="random"),
+    "format-reward": Arm("grpo", reward="format"),
+    "random-sign": Arm("grpo", control="random_sign"),
 }
 SMALL = Settings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=1.0, lr=1e-3, token_budget=150,
-                 reward="study_reward:parity", acr={"tau_init": 0.25, "window": 2}, eval_n=2, mid_eval_every=2,
+                 reward="study_reward:parity", acr={"tau_init": 0.25, "window": 2}, eval_n=2, mid_eval_tokens=40,
                  mid_eval_problems=4, ckpt_every=2, micro_batch=4, gen_batch=16)  # fmt: skip
 
 
@@ -79,7 +81,8 @@ def trajectory(res: dict) -> dict:
 
 @pytest.mark.parametrize("method", list(ARMS))
 def test_every_arm_trains_and_stops_at_the_token_budget(assets, tmp_path, method):
-    s = spec(assets, method)
+    # the format control needs a reward with an answer extraction: arith's (the tiny model writes digits)
+    s = spec(assets, method, **({"reward": "arith"} if method == "format-reward" else {}))
     run = loop.Run(s, tmp_path / "run")
     start = [p.detach().clone() for p in run.policy.model.parameters()]
     run.train(log=lambda _: None)
@@ -96,11 +99,21 @@ def test_every_arm_trains_and_stops_at_the_token_budget(assets, tmp_path, method
     assert any(not torch.equal(a, b) for a, b in zip(run.policy.model.parameters(), start))
     if method == "random-reward":  # trained on the coin, while the task reward is still measured
         assert any(c["reward"] != c["task_reward"] for c in res["curve"])
-    if method in ("sign", "RL-ZVP", "DAPO-DS"):
-        # every trained group carries a signal: these remedies act on every collapsed group, DS drops them
-        assert res["groups_accepted"] == res["groups_trained"] > 0
+    if method == "format-reward":  # trained on "has an answer", while the task reward is still measured
+        assert any(c["reward"] != c["task_reward"] for c in res["curve"])
+    if method in ("sign", "RL-ZVP", "DAPO-DS", "random-sign"):
+        # every trained group carries a signal: these act on every collapsed group, DS drops them
+        assert res["groups_signal"] == res["groups_trained"] > 0
     else:
-        assert 0 < res["groups_accepted"] <= res["groups_trained"]
+        assert 0 < res["groups_signal"] <= res["groups_trained"]
+    # what every arm reports about its generation, over every generated group
+    assert 0.0 <= res["acr_generated"] <= 1.0 and 0.0 <= res["truncation_rate"] <= 1.0
+    assert res["completion_tokens_mean"] == pytest.approx(res["generated_tokens"] / sum(
+        c["groups_generated"] * s.settings.group_size for c in res["curve"]))
+    assert all({"truncation_rate", "completion_tokens_mean", "acr_generated"} <= set(c) for c in res["curve"])
+    # provenance: the whole settings, hashed without arm and seed
+    assert res["settings"]["settings"]["token_budget"] == budget and res["settings_hash"]
+    assert res["nonfinite_steps"] == [] and res["flagged"] is False
 
 
 def test_dapo_ds_counts_the_refill_generation(assets, tmp_path, monkeypatch):
@@ -114,17 +127,21 @@ def test_dapo_ds_counts_the_refill_generation(assets, tmp_path, monkeypatch):
         return ro
 
     monkeypatch.setattr(loop.Policy, "generate", counting)
-    s = spec(assets, "DAPO-DS", reward="study_reward:half_collapsed", final_eval=False, mid_eval_every=0,
+    s = spec(assets, "DAPO-DS", reward="study_reward:half_collapsed", final_eval=False, mid_eval_tokens=0,
              token_budget=300)  # fmt: skip
     res = loop.run(s, tmp_path / "run", log=lambda _: None)
     assert res["generated_tokens"] == sum(t for _, t in generated)
     assert res["groups_generated"] == sum(p for p, _ in generated)
     # odd answers collapse: DS dropped groups and generated more than it trained on
-    assert res["groups_generated"] > res["groups_trained"] == res["groups_accepted"]
+    assert res["groups_generated"] > res["groups_trained"] == res["groups_signal"]
     assert any(c["groups_generated"] > s.settings.prompts_per_step for c in res["curve"])
-    grpo = loop.run(spec(assets, "GRPO", reward="study_reward:half_collapsed", final_eval=False, mid_eval_every=0,
+    # no refill round starts once the budget is reached: the overshoot is less than the last round's tokens
+    assert 0 <= res["generated_tokens"] - s.settings.token_budget < generated[-1][1]
+    grpo = loop.run(spec(assets, "GRPO", reward="study_reward:half_collapsed", final_eval=False, mid_eval_tokens=0,
                          token_budget=300), tmp_path / "grpo", log=lambda _: None)  # fmt: skip
-    assert grpo["groups_generated"] == grpo["groups_trained"] > grpo["groups_accepted"]
+    assert grpo["groups_generated"] == grpo["groups_trained"] > grpo["groups_signal"]
+    # every arm's ACR counts every generated group: DS's too, not only the groups it kept
+    assert res["acr_generated"] > 0 and all(c["acr"] == 0 for c in res["curve"] if c["groups_trained"])
 
 
 def _start(spec_: RunSpec, run_dir: Path, env: dict) -> subprocess.Popen:
@@ -136,7 +153,7 @@ def _start(spec_: RunSpec, run_dir: Path, env: dict) -> subprocess.Popen:
 
 
 def test_a_killed_run_resumes_exactly(assets, tmp_path):
-    s = spec(assets, "AVSPO", reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=600, mid_eval_every=0)
+    s = spec(assets, "AVSPO", reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=600, mid_eval_tokens=0)
     whole = _start(s, tmp_path / "whole", {})
     assert whole.wait(timeout=300) == 0, whole.stdout.read()
     # the same run, hung in its 5th step's reward (4 steps x 2 prompts x G 4 = 32 calls before it), killed there
@@ -227,18 +244,29 @@ def test_a_malformed_problem_row_names_file_and_line(tmp_path):
 # ── the study: its statistics, report, command ──
 
 
-def _fake_run(method: str, seed: int, per: dict[str, float], mid=()) -> dict:
-    return {"method": method, "seed": seed, "per_problem": per, "eval_n": 4, "heldout_pass1": sum(per.values()) / len(per),
-            "steps": 10, "generated_tokens": 1000, "accepted_per_mtok": 500.0, "acr_raw": 0.5, "acr_effective": 0.1,
-            "train_s": 60.0, "mid_evals": list(mid), "device": "NVIDIA H100 80GB HBM3",
-            "precision": {"weights": "fp32", "compute": "bf16 autocast"}, "resumed": 0}  # fmt: skip
+def _fake_run(method: str, seed: int, per: dict[str, float], mid=(), settings_hash="h1", budget=1000) -> dict:
+    by_level: dict[str, list[float]] = {}
+    for k, v in per.items():
+        by_level.setdefault(k.split("/")[1], []).append(v)
+    levels = {lv: sum(v) / len(v) for lv, v in by_level.items()}
+    return {"method": method, "seed": seed, "per_problem": per, "eval_n": 4,
+            "heldout_pass1": sum(levels.values()) / len(levels), "heldout_by_level": levels,
+            "steps": 10, "generated_tokens": budget, "signal_groups_per_mtok": 500.0, "acr_generated": 0.5,
+            "acr_effective": 0.1, "truncation_rate": 0.0, "completion_tokens_mean": 12.0, "train_s": 60.0,
+            "mid_evals": list(mid), "device": "NVIDIA H100 80GB HBM3", "commit": "abc",
+            "precision": {"weights": "fp32", "compute": "bf16 autocast"}, "resumed": 0, "flagged": False,
+            "nonfinite_steps": [], "settings_hash": settings_hash,
+            "settings": {"settings": {**dataclasses.asdict(SMALL), "token_budget": budget}, "model": "m", "train": "t",
+                         "heldout": "h", "plugins": [], "code": "c", "precision": "bf16 autocast"}}  # fmt: skip
+
+
+IDS = [f"heldout/{lv}/{i}" for lv in ("add1", "mul1") for i in range(2)]
 
 
 def test_paired_t_and_power_closed_forms():
-    ids = [f"arith/1000/{i}" for i in range(4)]
-    base = {i: 0.5 for i in ids}
+    base = {i: 0.5 for i in IDS}
     runs = [_fake_run("GRPO", s, base) for s in range(3)]
-    runs += [_fake_run("AVSPO", s, {i: 0.5 + d for i in ids}) for s, d in enumerate([0.0, 0.25, 0.5])]
+    runs += [_fake_run("AVSPO", s, {i: 0.5 + d for i in IDS}) for s, d in enumerate([0.0, 0.25, 0.5])]
     c = paired_t(runs, "AVSPO", "GRPO")
     assert c["seeds"] == 3 and c["diff"] == pytest.approx(0.25) and c["sd"] == pytest.approx(0.25)
     half = stats.t_quantile(0.975, 2) * 0.25 / math.sqrt(3)  # t(0.975, 2) = 4.303
@@ -246,9 +274,19 @@ def test_paired_t_and_power_closed_forms():
     assert c["p_sign_flip"] == pytest.approx(4 / 8)  # d = (0, .25, .5): |sum| = .75 when .25 and .5 share a sign
     assert paired_t(runs, "GRPO", "GRPO") is None and paired_t(runs[:1] + runs[3:4], "AVSPO", "GRPO") is None
     # paired sd 5.5 points (the CPU study's): 16 seeds for a half-width of 3 points, 32 for 2 (with the t
-    # quantile; the normal's 1.96 would say 29), none of either below
+    # quantile; the normal's 1.96 would say 29); the study plans for sd 7: 24 seeds
     assert seeds_for_halfwidth(0.055, 0.03) == 16 and seeds_for_halfwidth(0.055, 0.02) == 32
+    assert seeds_for_halfwidth(0.07, 0.03) == 24
     assert stats.t_quantile(0.975, 14) * 0.055 / math.sqrt(15) > 0.03
+
+
+def test_each_level_weighs_the_same_in_the_paired_difference():
+    """A level with 1 problem and one with 3: the per-seed difference is the mean of the two levels'."""
+    ids = ["heldout/add1/0", "heldout/mul1/0", "heldout/mul1/1", "heldout/mul1/2"]
+    a = [_fake_run("AVSPO", s, {"heldout/add1/0": 1.0, **{i: 0.0 for i in ids[1:]}}) for s in range(2)]
+    b = [_fake_run("GRPO", s, {i: 0.0 for i in ids}) for s in range(2)]
+    assert per_seed_diffs(a + b, "AVSPO", "GRPO") == {0: 0.5, 1: 0.5}  # not 0.25, the mean over problems
+    assert a[0]["heldout_pass1"] == 0.5
 
 
 def test_sign_flip_p_is_exact_beyond_twenty_pairs():
@@ -264,7 +302,7 @@ def test_sign_flip_p_is_exact_beyond_twenty_pairs():
 
 
 def _study(**kw) -> GPURemediesStudy:
-    base = dict(levels=("add1", "mul1"), train_prompts=8, heldout=6, settings=SMALL,
+    base = dict(levels=("add1", "mul1"), train_prompts=8, heldout_per_level=6, validation_per_level=2, settings=SMALL,
                 arms={"GRPO": ARMS["GRPO"], "AVSPO": ARMS["AVSPO"], "DAPO-DS": ARMS["DAPO-DS"],
                       "random-reward": ARMS["random-reward"]},
                 seeds={"GRPO": 3, "AVSPO": 3, "DAPO-DS": 2, "random-reward": 1}, primary=("GRPO", "AVSPO", "DAPO-DS"),
@@ -282,20 +320,21 @@ def test_the_run_order_is_primary_arms_seed_by_seed_then_the_rest():
 
 
 def test_the_report_is_generated_from_the_runs(tmp_path):
-    ids = [f"arith/1000/{i}" for i in range(4)]
-    mid = [{"step": 5, "tokens": 500, "pass1": 0.3}, {"step": 10, "tokens": 1000, "pass1": 0.6}]
-    runs = [_fake_run("GRPO", s, {i: 0.5 for i in ids}, mid) for s in range(3)]
-    runs += [_fake_run("AVSPO", s, {i: 0.75 for i in ids}, mid[:1]) for s in range(3)]
+    mid = [{"milestone": 500, "step": 5, "tokens": 510, "pass1": 0.3},
+           {"milestone": 1000, "step": 10, "tokens": 1010, "pass1": 0.6}]  # fmt: skip
+    runs = [_fake_run("GRPO", s, {i: 0.5 for i in IDS}, mid) for s in range(3)]
+    runs += [_fake_run("AVSPO", s, {i: 0.75 for i in IDS}, mid[:1]) for s in range(3)]
     st = _study()
     for r in runs:
         st.publish_run(r, tmp_path / "pub")
     collected = st.collect(tmp_path / "none", tmp_path / "pub")
     assert sorted((r["method"], r["seed"]) for r in collected) == sorted((r["method"], r["seed"]) for r in runs)
-    assert {r["seed"]: r["per_problem"] for r in collected if r["method"] == "AVSPO"}[0] == {i: 0.75 for i in ids}
+    assert {r["seed"]: r["per_problem"] for r in collected if r["method"] == "AVSPO"}[0] == {i: 0.75 for i in IDS}
     text = st.report(collected, tmp_path / "pub")
-    assert "| AVSPO | 3 (3) | 75.0 ± 0.0 | +25.0 [+25.0, +25.0], p=0.250 (3) | - |" in text
-    assert "| GRPO | 10.0 ± 0.0 | 1,000 ± 0 | 1,000 (3/3) |" in text and "- (0/3)" in text
-    assert "NVIDIA H100 80GB HBM3 (6 runs)" in text
+    assert "| AVSPO | 3 (3) | 75.0 ± 0.0 | +25.0 [+25.0, +25.0], p 0.250 (3) | 0.500 |" in text
+    # tokens to target: a censored median over every seed (AVSPO never reached 50 %: beyond the budget)
+    assert "| GRPO | 10.0 ± 0.0 | 1,000 ± 0 | 1,000 (3/3) |" in text and "> 1,000 (0/3)" in text
+    assert "NVIDIA H100 80GB HBM3 (6 runs)" in text and "Settings hash h1" in text
     summary = json.loads((tmp_path / "pub" / "results.json").read_text())["summary"]
     assert summary["AVSPO"]["vs_GRPO"]["seeds"] == 3 and (tmp_path / "pub" / "accuracy_vs_tokens.png").exists()
 
@@ -308,8 +347,8 @@ def _study_cmd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path):
     r = _study_cmd("--dry-run", "--out", str(tmp_path / "o"), "--shard", "1/4", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    # 80 primary runs + 40 others, every 4th from the second: 30, the first of them AVSPO seed 0
-    assert "30 runs to start (shard 1/4, 0 finished): AVSPO seed 0, GRPO seed 1, DAPO-DS seed 1, " in r.stdout
+    # 120 primary runs + 36 others, every 4th from the second: 39, the first of them AVSPO seed 0
+    assert "39 runs to start (shard 1/4, 0 finished): AVSPO seed 0, GRPO seed 1, DAPO-DS seed 1, " in r.stdout
     r = _study_cmd("--dry-run", "--pilot", "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert "12 runs to start" in r.stdout, r.stderr
     for args, msg in [(("--shard", "4/4"), "--shard"), (("--k", "0"), "--k must be"),
@@ -326,7 +365,7 @@ def test_the_slurm_array_script_runs_its_share(tmp_path):
     r = subprocess.run(["bash", str(REPO / "launch_scripts" / "slurm" / "remedies_study.sbatch"), "--dry-run"],
                        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "15 runs to start (shard 2/8, 0 finished): sign seed 0, GRPO seed 2, " in r.stdout
+    assert "20 runs to start (shard 2/8, 0 finished): sign seed 0, GRPO seed 2, " in r.stdout
 
 
 def test_the_study_needs_no_ray_vllm_deepspeed_or_openrlhf():
@@ -340,9 +379,8 @@ def test_the_study_needs_no_ray_vllm_deepspeed_or_openrlhf():
 
 def test_an_empty_study_reports_the_runs_missing(tmp_path):
     text = _study().report([], tmp_path)
-    assert (
-        "No run has finished yet" in text and "GRPO 3 of 3, AVSPO 3 of 3, DAPO-DS 2 of 2, random-reward 1 of 1" in text
-    )
+    assert "No run has finished yet" in text and "Incomplete: no verdict yet" in text
+    assert "GRPO 3 of 3, AVSPO 3 of 3, DAPO-DS 2 of 2" in text and "random-reward 1 of 1" in text
 
 
 def test_the_throughput_table_measures_k_runs_at_once(assets, tmp_path):
@@ -365,7 +403,7 @@ def test_no_run_starts_after_the_time_given(assets, tmp_path):
 def test_the_bf16_autocast_path_the_gpu_takes_runs_here(assets, tmp_path):
     """The GPU's precision (fp32 weights, bf16 autocast), exercised on the CPU: generation, the
     training forward and RL-ZVP's entropies under autocast give finite losses."""
-    res = loop.run(spec(assets, "RL-ZVP", dtype="bf16", token_budget=60, mid_eval_every=0), tmp_path / "r",
+    res = loop.run(spec(assets, "RL-ZVP", dtype="bf16", token_budget=60, mid_eval_tokens=0), tmp_path / "r",
                    log=lambda _: None)  # fmt: skip
     assert res["precision"] == {"weights": "fp32", "compute": "bf16 autocast"}
     assert all(math.isfinite(c["loss"]) and math.isfinite(c["token_adv_abs_mean"]) for c in res["curve"])

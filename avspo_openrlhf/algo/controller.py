@@ -41,7 +41,8 @@ class CollapseController:
         acr: :class:`ACRConfig`: collapse tolerance, reward range, the gate's smoothing and
             adaptive threshold, the ACR alarms.
         monitor: :class:`MonitorConfig`: the entropy-collapse and KL-drift alarms.
-        seed: seeds the generator of random virtual rewards (its state is checkpointed).
+        seed: seeds the generator of random virtual rewards (its state is checkpointed), unless the
+            estimator's config has a ``seed`` of its own that is not None.
     """
 
     def __init__(
@@ -66,7 +67,9 @@ class CollapseController:
         self.tol, self.reward_range = float(acr.tol), (float(acr.reward_range[0]), float(acr.reward_range[1]))
         self.tracker = ACRTracker(acr)
         self.threshold = AdaptiveThreshold(acr)
-        self.generator = torch.Generator(device="cpu").manual_seed(int(seed))
+        # a remedy config's own seed (AVSPO's --avspo.seed) wins over the run's, in every front-end
+        own = getattr(self.config, "seed", None)
+        self.generator = torch.Generator(device="cpu").manual_seed(int(own if own is not None else seed))
         self.entropy = (
             EntropyCollapseMonitor(monitor.entropy_threshold, monitor.entropy_patience)
             if monitor.entropy_threshold is not None and not monitor.disable_entropy

@@ -6,12 +6,21 @@ One step, nanochat's ``chat_rl.py`` shape::
 
     prompts  <- the training pool, a seeded permutation per epoch (GRESO: some skipped before rollout)
     complete <- G sampled completions per prompt, batched (bf16 autocast on CUDA, fp32 on the CPU)
-    reward   <- the task's verifier (or, for the random-reward control, a coin that ignores it)
+    reward   <- the task's verifier (controls: a coin that ignores it, or 1 for any extractable answer)
     DAPO-DS  <- collapsed groups dropped and refilled from new prompts; the refill's tokens count
-    adv      <- CollapseController.step: ACR, the gate, the chosen estimator's advantages
-    loss     <- - mean over completion tokens of A * log pi (RL-ZVP adds its token advantages,
-                from the same forward's entropies); one AdamW step
+                (no refill round starts once the budget is reached)
+    adv      <- CollapseController.step: ACR, the gate, the chosen estimator's advantages (the
+                random-sign control: a fair coin's +-1 on each collapsed group)
+    loss     <- - mean over completion tokens of A * log pi_T, pi_T = softmax(logits / T) at the
+                sampling temperature T, so the samples are on-policy (RL-ZVP adds its token
+                advantages, from the same forward's entropies); one AdamW step, or none when the
+                gradient is not finite (skipped, counted and diagnosed)
     stop     <- when the generated tokens reach the budget: every arm pays the same generation
+
+Common random numbers: each generation round draws from a generator seeded by (seed, step, round),
+so two arms with one seed sample with the same random numbers at every step, and the same weights
+give the same tokens whatever the arm did before; the mid-run evaluations fall at fixed generated-
+token milestones (``mid_eval_tokens``), the same in every arm, each under the milestone's own seed.
 
 Simplifications, the same for every arm: one optimizer step per rollout batch (on-policy, so the
 PPO ratio is 1 and there is nothing to clip, no old-log-prob pass), no KL term and no reference
@@ -29,11 +38,15 @@ same folder continues exactly (on the CPU, bit for bit). ``result.json`` is writ
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
+import hashlib
 import importlib
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -54,8 +67,15 @@ from avspo_openrlhf.algo import (
 from avspo_openrlhf.data.io import DataError, iter_raw
 from avspo_openrlhf.data.tasks import TEMPLATES, make_prompt
 from avspo_openrlhf.folder_lock import lock_folder
+from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
+from avspo_openrlhf.trainer.config import load_plugins
 
-REWARD_CONTROLS = ("task", "random")  # an arm trains on the task's reward, or on a coin that ignores it
+# what an arm trains on: the task's verifier; a fair coin per completion (the noise floor: with ratio 1
+# and no clipping its expected gradient is zero); 1 for any extractable answer, whatever its value
+# (the gain that needs no correctness: the answer format)
+REWARD_CONTROLS = ("task", "random", "format")
+ADVANTAGE_CONTROLS = ("random_sign",)  # a fair coin's +-1 on each collapsed group, GRPO elsewhere
+NONFINITE_FLAG = 0.01  # a run with more than this share of its steps skipped (non-finite gradient) is flagged
 
 
 def _require(ok: bool, message: str) -> None:
@@ -72,11 +92,6 @@ def _build(cls, options: dict, where: str):
         cfg = cls(**options)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}: {e}") from None
-    if hasattr(cfg, "check"):
-        try:
-            cfg.check()
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
     return cfg
 
 
@@ -88,8 +103,11 @@ class Arm:
     options: that estimator's config fields (``{"strategy": "opposite"}`` for AVSPO, ...).
     dynamic: DAPO dynamic sampling: collapsed groups are dropped and refilled from new prompts.
     greso: GRESO's config fields (``{}`` for its defaults): prompts skipped before rollout; None: off.
-    reward: ``task`` (the verifier) or ``random`` (a fair coin per completion: the control that says
-        how much of a gain needs no correctness at all).
+    reward: ``task`` (the verifier); controls: ``random`` (a fair coin per completion: the noise
+        floor) or ``format`` (1 for any extractable answer: the gain that needs no correctness).
+    control: ``random_sign``: each collapsed group gets A = +1 or -1 from a fair coin that ignores
+        its rewards (the virtual-sample family's control: a push with no information); None: off.
+    lr: this arm's learning rate instead of the study's (a learning-rate check); None: the study's.
     """
 
     estimator: str = "grpo"
@@ -97,11 +115,20 @@ class Arm:
     dynamic: bool = False
     greso: dict | None = None
     reward: str = "task"
+    control: str | None = None
+    lr: float | None = None
 
     def __post_init__(self):
         _require(self.estimator in ESTIMATORS, f"Arm.estimator: {self.estimator!r} is not a registered estimator; "
                  f"known: {sorted(ESTIMATORS)}")  # fmt: skip
         _require(self.reward in REWARD_CONTROLS, f"Arm.reward must be one of {REWARD_CONTROLS}, got {self.reward!r}")
+        _require(self.control is None or self.control in ADVANTAGE_CONTROLS,
+                 f"Arm.control must be None or one of {ADVANTAGE_CONTROLS}, got {self.control!r}")  # fmt: skip
+        _require(self.control is None or self.estimator == "grpo",
+                 f"Arm.control {self.control!r} replaces the collapsed groups' advantages of GRPO: use estimator "
+                 f"'grpo', got {self.estimator!r}")  # fmt: skip
+        _require(self.lr is None or (isinstance(self.lr, (int, float)) and self.lr > 0),
+                 f"Arm.lr must be None or > 0, got {self.lr!r}")  # fmt: skip
         self.estimator_config()  # refuses a wrong option now, not at the run's first step
         if self.greso is not None:
             _require(float(self.greso.get("audit", 0.0)) == 0.0,
@@ -133,7 +160,7 @@ class Settings:
     dynamic_max_rounds: int = 4  # DAPO-DS: generation rounds per step at most (DAPO's max_num_gen_batches)
     eval_n: int = 4  # held-out samples per problem
     eval_temperature: float = 0.7
-    mid_eval_every: int = 0  # steps between mid-run evaluations (0: none)
+    mid_eval_tokens: int = 0  # generated tokens between mid-run evaluations (0: none): the same milestones in every arm
     mid_eval_problems: int = 200  # the first this many held-out problems, at n = 2
     final_eval: bool = True  # False: train only (the throughput measurement)
     ckpt_every: int = 10  # steps between checkpoints (0: none)
@@ -150,7 +177,7 @@ class Settings:
             _require(isinstance(v, int) and v >= 1, f"Settings.{name} must be an integer >= 1, got {v!r}")
         _require(self.group_size >= 2, f"Settings.group_size must be >= 2 (a group of one has no variance), "
                  f"got {self.group_size}")  # fmt: skip
-        for name in ("mid_eval_every", "mid_eval_problems", "ckpt_every"):
+        for name in ("mid_eval_tokens", "mid_eval_problems", "ckpt_every"):
             v = getattr(self, name)
             _require(isinstance(v, int) and v >= 0, f"Settings.{name} must be an integer >= 0, got {v!r}")
         _require(self.temperature > 0 and self.eval_temperature > 0, "Settings.temperature and eval_temperature "
@@ -177,6 +204,15 @@ class RunSpec:
     model: str  # a local HF folder
     train: str  # jsonl: problem, answer, unique_id (level optional)
     heldout: str
+    plugins: tuple[str, ...] = ()  # modules (or .py files) imported first: a user's remedy can be an arm
+
+    def __post_init__(self):
+        object.__setattr__(self, "plugins", tuple(self.plugins))
+        if self.arm.reward == "format":
+            try:
+                format_reward(self.settings.reward)
+            except ValueError as e:
+                raise ValueError(f"Arm.reward format: {e}") from None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True)
@@ -184,7 +220,92 @@ class RunSpec:
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
         d = json.loads(text)
+        load_plugins(d.get("plugins", ()))  # before the Arm is built: its estimator may be the plugin's
         return cls(**{**d, "arm": Arm(**d["arm"]), "settings": Settings(**d["settings"])})
+
+    def settings_record(self) -> dict:
+        """Everything a run depends on except its arm and seed, with the files named by their content:
+        two runs pair only when these are equal (:func:`settings_hash`)."""
+        s = dataclasses.asdict(self.settings)
+        for name in PERFORMANCE_ONLY:  # they change how fast, not what is computed
+            s.pop(name)
+        return {"settings": s, "model": model_fingerprint(self.model), "train": file_sha256(self.train),
+                "heldout": file_sha256(self.heldout), "plugins": list(self.plugins), "code": code_fingerprint()}  # fmt: skip
+
+
+# Settings fields that change the speed or memory of a run, not its semantics (a micro-batch changes
+# the floating-point rounding of a gradient sum, no more): left out of the pairing hash
+PERFORMANCE_ONLY = ("micro_batch", "gen_batch", "ckpt_every")
+
+
+def settings_hash(record: dict) -> str:
+    """A short hash of :meth:`RunSpec.settings_record` (and of the run's compute precision, which the
+    study adds): runs pair only when it is equal."""
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def settings_difference(a: dict, b: dict, prefix: str = "") -> list[str]:
+    """The fields where two settings records differ, ``name: a vs b`` (nested fields dotted)."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += settings_difference(x, y, f"{prefix}{k}.")
+        elif x != y:
+            out.append(f"{prefix}{k}: {x!r} vs {y!r}")
+    return out
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=8)
+def model_fingerprint(model: str) -> str:
+    """A hash of a model folder's config, tokenizer and weight files (their content): the folder's
+    path is not part of it, so two machines with the same model pair."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return f"name:{model}"
+    h = hashlib.sha256()
+    for f in sorted(folder.iterdir()):
+        if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".model", ".txt"):
+            h.update(f.name.encode())
+            h.update(file_sha256(f).encode())
+    return h.hexdigest()[:16]
+
+
+# the code a run's numbers depend on: the loop, the algorithm, the rewards (not the docs, not the report)
+_CODE = ("study/loop.py", "study/controls.py", "algo", "rewards")
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of the source a run's numbers depend on (:data:`_CODE`): a fix of the loop or of a remedy
+    makes new runs that do not pair with the old ones; a change of the docs or of the report does not."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for part in _CODE:
+        for f in sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]:
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def code_commit() -> str:
+    """The git commit of the checkout the run came from (``AVSPO_COMMIT`` where the copy has no .git)."""
+    if os.environ.get("AVSPO_COMMIT"):
+        return os.environ["AVSPO_COMMIT"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 # ── rewards ──
@@ -254,6 +375,7 @@ class Rollout:
     attn: torch.Tensor  # [P*n, L + T]
     mask: torch.Tensor  # [P*n, T] completion tokens (up to the first EOS)
     texts: list[str]
+    truncated: torch.Tensor  # [P*n] bool: no EOS within max_new_tokens
 
     @property
     def tokens(self) -> int:
@@ -290,9 +412,11 @@ class Policy:
             comp = out[:, plen:]
             mask = completion_mask(comp, self.eos_ids)
             attn = torch.cat([enc["attention_mask"].repeat_interleave(n, 0), mask], 1)
-            parts.append((out, attn, mask))
+            parts.append((out, attn, mask, ~torch.isin(comp, self.eos_ids).any(-1)))
         width_p = max(p[0].shape[1] - p[2].shape[1] for p in parts)
         width_c = max(p[2].shape[1] for p in parts)
+        truncated = torch.cat([p[3] for p in parts]).cpu()
+        parts = [p[:3] for p in parts]
 
         def pad(t: torch.Tensor, plen: int, value: int) -> torch.Tensor:  # prompts left, completions right
             left, right = width_p - plen, width_c - (t.shape[1] - plen)
@@ -302,23 +426,33 @@ class Policy:
         attn = torch.cat([pad(a, a.shape[1] - m.shape[1], 0) for _, a, m in parts])
         mask = torch.cat([torch.nn.functional.pad(m, (0, width_c - m.shape[1])) for _, _, m in parts])
         texts = tok.batch_decode(ids[:, width_p:] * mask + tok.pad_token_id * (1 - mask), skip_special_tokens=True)
-        return Rollout(ids, attn, mask, texts)
+        return Rollout(ids, attn, mask, texts, truncated)
 
-    def logprobs_entropy(self, ids: torch.Tensor, attn: torch.Tensor, width_c: int, entropy: bool):
-        """Log-probs ``[B, T]`` of the completion tokens (with grad) and, when asked, their entropies
-        (no grad); logits only at the completion's positions."""
+    def logprobs_entropy(self, ids: torch.Tensor, attn: torch.Tensor, width_c: int, entropy: bool,
+                         temperature: float, autocast: bool = True):  # fmt: skip
+        """Log-probs ``[B, T]`` of the completion tokens under the sampling policy softmax(logits / T)
+        (with grad) and, when asked, its entropies (no grad); logits only at the completion's positions."""
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
-        with self.autocast():
+        with self.autocast() if autocast else contextlib.nullcontext():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                                logits_to_keep=width_c + 1).logits[:, :-1].float()  # fmt: skip
-        # log pi = logit - logsumexp: one [B, T, V] tensor kept for backward, not a second log-softmax
-        lse = torch.logsumexp(logits, -1)
-        lp = logits.gather(-1, ids[:, -width_c:, None]).squeeze(-1) - lse
-        ent = None
-        if entropy:
-            with torch.no_grad():  # H = logsumexp - E_p[logit]
-                ent = lse - (torch.softmax(logits, -1) * logits).sum(-1)
-        return lp, ent
+                                logits_to_keep=width_c + 1).logits[:, :-1]  # fmt: skip
+        return token_logprobs_entropy(logits, ids[:, -width_c:], temperature, entropy)
+
+
+def token_logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
+    """``(log pi_T(targets) [B, T], H(pi_T) [B, T] or None)`` with pi_T = softmax(logits / T), in fp32.
+
+    T is the temperature the completions were sampled at: with it the samples are on-policy, and a
+    constant advantage on a group has an expected update of zero (E_pi[grad log pi] = 0); with the raw
+    logits (T = 1) after sampling at T < 1 it is not, and a negative one raises the entropy."""
+    z = logits.float() / temperature
+    # log pi = z - logsumexp(z): one [B, T, V] tensor kept for backward, not a second log-softmax
+    lp = z.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(z, -1)
+    ent = None
+    if entropy:
+        with torch.no_grad():  # entr(p) = -p log p, 0 at p = 0 (a -inf logit gives no NaN)
+            ent = torch.special.entr(torch.softmax(z, -1)).sum(-1)
+    return lp, ent
 
 
 # ── the run's state ──
@@ -419,27 +553,28 @@ class Run:
 
     def __init__(self, spec: RunSpec, run_dir: Path):
         self.spec, self.dir, s = spec, Path(run_dir), spec.settings
-        lock_folder(
-            str(self.dir), "study run"
-        )  # a second process on this run (an orphan of a killed scheduler) fails at once
+        lock_folder(str(self.dir), "study run")  # a second process on this run (a killed scheduler's orphan) fails at once
         self._check_spec()
         self.train_rows, self.heldout_rows = read_rows(spec.train), read_rows(spec.heldout)
         random.seed(spec.seed)
         torch.manual_seed(spec.seed)
         self.policy = Policy(spec.model, s)
         self.score = reward_function(s.reward)
-        self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=s.lr, betas=(0.9, 0.95),
-                                           weight_decay=0.0)  # fmt: skip
+        self.format_score = format_reward(s.reward) if spec.arm.reward == "format" else None
         arm = spec.arm
+        self.lr = arm.lr if arm.lr is not None else s.lr
+        self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=self.lr, betas=(0.9, 0.95),
+                                           weight_decay=0.0)  # fmt: skip
         self.controller = CollapseController(arm.estimator, arm.estimator_config(), acr=ACRConfig(**s.acr),
                                              seed=spec.seed)  # fmt: skip
         self.greso = None
         if arm.greso is not None:
             self.greso = GRESOSelector(GRESOConfig(**arm.greso), acr=self.controller.acr, seed=spec.seed)
-        self.coin = torch.Generator().manual_seed(spec.seed + 7_919)  # the random-reward control's draws
         self.stream = PromptStream(len(self.train_rows), spec.seed)
-        self.state = {"step": 0, "tokens": 0, "groups_generated": 0, "groups_trained": 0, "groups_accepted": 0,
-                      "skipped_updates": 0, "train_s": 0.0, "curve": [], "mid_evals": [], "resumed": 0}  # fmt: skip
+        self.state = {"step": 0, "tokens": 0, "groups_generated": 0, "groups_collapsed_generated": 0,
+                      "completions": 0, "truncated": 0, "groups_trained": 0, "groups_signal": 0,
+                      "skipped_updates": 0, "nonfinite": [], "train_s": 0.0, "curve": [], "mid_evals": [],
+                      "resumed": 0}  # fmt: skip
         self._resume()
 
     # ── checkpoints ──
@@ -461,7 +596,6 @@ class Run:
         self.controller.load_state_dict(ck["controller"])
         if self.greso is not None:
             self.greso.load_state_dict(ck["greso"])
-        self.coin.set_state(ck["coin"])
         self.stream.load_state_dict(ck["stream"])
         self.state = {**ck["state"], "resumed": ck["state"]["resumed"] + 1}
         _set_rng_state(ck["rng"], self.policy.device)
@@ -469,13 +603,16 @@ class Run:
     def _checkpoint(self) -> None:
         ck = {"model": self.policy.model.state_dict(), "optimizer": self.optimizer.state_dict(),
               "controller": self.controller.state_dict(), "greso": self.greso.state_dict() if self.greso else None,
-              "coin": self.coin.get_state(), "stream": self.stream.state_dict(), "state": self.state,
-              "rng": _rng_state(self.policy.device)}  # fmt: skip
+              "stream": self.stream.state_dict(), "state": self.state, "rng": _rng_state(self.policy.device)}  # fmt: skip
         tmp = self.dir / "ckpt.pt.tmp"
         torch.save(ck, tmp)
         os.replace(tmp, self.dir / "ckpt.pt")  # a kill mid-write leaves the previous checkpoint whole
 
     # ── one step ──
+
+    def _generator(self, stream: str, round_: int = 0) -> torch.Generator:
+        """A CPU generator for one random stream of this step: a function of (seed, step, round) only."""
+        return torch.Generator().manual_seed(sampling_seed(self.spec.seed, self.state["step"], round_, stream))
 
     def _prompts(self, k: int) -> list[int]:
         """``k`` prompts from the stream; GRESO skips some before rollout (they cost no generation)."""
@@ -490,33 +627,41 @@ class Run:
                 break
         return kept or cand[:1]
 
-    def _rewards(self, ro: Rollout, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(trained, task)`` rewards ``[P, G]``: the task's verdicts, or the control's coin."""
+    def _rewards(self, ro: Rollout, idx: list[int], round_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(trained, task)`` rewards ``[P, G]``: the task's verdicts, or a control's reward."""
         G = self.spec.settings.group_size
         golds = [str(self.train_rows[i]["answer"]) for i in idx for _ in range(G)]
         task = torch.tensor(self.score(ro.texts, golds), dtype=torch.float32).view(len(idx), G)
         if self.spec.arm.reward == "random":
-            return torch.bernoulli(torch.full_like(task, 0.5), generator=self.coin), task
+            return torch.bernoulli(torch.full_like(task, 0.5), generator=self._generator("coin", round_)), task
+        if self.spec.arm.reward == "format":
+            return torch.tensor(self.format_score(ro.texts), dtype=torch.float32).view(len(idx), G), task
         return task, task
 
-    def _rollout(self) -> tuple[Rollout, list[int], torch.Tensor, torch.Tensor, int, int]:
-        """Generate, score and (DAPO-DS) filter/refill: the groups to train on, their rewards, the
-        generated tokens and groups."""
-        s, arm = self.spec.settings, self.spec.arm
+    def _rollout(self) -> tuple[Rollout | None, list[int], torch.Tensor, torch.Tensor, dict]:
+        """Generate, score and (DAPO-DS) filter/refill: the groups to train on, their rewards, and what
+        the step generated (tokens, groups, collapsed groups, completions, truncated completions)."""
+        s, arm, st = self.spec.settings, self.spec.arm, self.state
         P, G = s.prompts_per_step, s.group_size
-        parts, tokens, groups = [], 0, 0
-        for _ in range(s.dynamic_max_rounds if arm.dynamic else 1):
+        acr = self.controller.acr
+        parts = []
+        gen = {"tokens": 0, "groups": 0, "collapsed": 0, "completions": 0, "truncated": 0, "rounds": 0}
+        for round_ in range(s.dynamic_max_rounds if arm.dynamic else 1):
+            if round_ and st["tokens"] + gen["tokens"] >= s.token_budget:
+                break  # DAPO-DS starts no refill round past the budget: it overshoots by one round at most
             idx = self._prompts(P)
+            # common random numbers: this round's sampling is a function of (seed, step, round) only
+            torch.manual_seed(sampling_seed(self.spec.seed, st["step"], round_))
             ro = self.policy.generate([self.train_rows[i]["problem"] for i in idx], G, s.max_new_tokens,
                                       s.temperature, s.gen_batch)  # fmt: skip
-            rewards, task = self._rewards(ro, idx)
-            tokens, groups = tokens + ro.tokens, groups + len(idx)
+            rewards, task = self._rewards(ro, idx, round_)
+            collapsed = collapse_stats(rewards, acr.tol, tuple(acr.reward_range)).collapsed
+            for k, v in (("tokens", ro.tokens), ("groups", len(idx)), ("collapsed", int(collapsed.sum())),
+                         ("completions", len(ro.texts)), ("truncated", int(ro.truncated.sum())), ("rounds", 1)):
+                gen[k] += v  # fmt: skip
             if self.greso is not None:
                 self.greso.observe([self.train_rows[i]["problem"] for i in idx], rewards)
-            keep = torch.ones(len(idx), dtype=torch.bool)
-            if arm.dynamic:
-                acr = self.controller.acr
-                keep = ~collapse_stats(rewards, acr.tol, tuple(acr.reward_range)).collapsed
+            keep = ~collapsed if arm.dynamic else torch.ones(len(idx), dtype=torch.bool)
             parts.append((ro, idx, rewards, task, keep))
             if sum(int(p[4].sum()) for p in parts) >= P:
                 break
@@ -529,15 +674,14 @@ class Run:
                 rows = (g[:, None] * G + torch.arange(G)).flatten()  # the groups' completions
                 kept.append((ro, rows, [idx[i] for i in g.tolist()], rewards[g], task[g]))
         if not kept:
-            return None, [], torch.zeros(0, G), torch.zeros(0, G), tokens, groups
+            return None, [], torch.zeros(0, G), torch.zeros(0, G), gen
         width_p = max(ro.ids.shape[1] - ro.mask.shape[1] for ro, *_ in kept)
         width_c = max(ro.mask.shape[1] for ro, *_ in kept)
 
         def fit(t: torch.Tensor, prompt_width: int, value: int) -> torch.Tensor:
             """Rows of one part padded to the widths of all: prompts on the left, completions on the right."""
-            return torch.nn.functional.pad(
-                t, (width_p - prompt_width, width_c - (t.shape[1] - prompt_width)), value=value
-            )
+            return torch.nn.functional.pad(t, (width_p - prompt_width, width_c - (t.shape[1] - prompt_width)),
+                                           value=value)  # fmt: skip
 
         pad_id = self.policy.tok.pad_token_id
         merged = Rollout(
@@ -545,83 +689,145 @@ class Run:
             torch.cat([fit(ro.attn[r.to(ro.ids.device)], ro.ids.shape[1] - ro.mask.shape[1], 0) for ro, r, *_ in kept]),
             torch.cat([torch.nn.functional.pad(ro.mask[r.to(ro.ids.device)], (0, width_c - ro.mask.shape[1])) for ro, r, *_ in kept]),
             [ro.texts[i] for ro, r, *_ in kept for i in r.tolist()],
+            torch.cat([ro.truncated[r] for ro, r, *_ in kept]),
         )  # fmt: skip
         idx = [i for k in kept for i in k[2]]
-        return merged, idx, torch.cat([k[3] for k in kept]), torch.cat([k[4] for k in kept]), tokens, groups
+        return merged, idx, torch.cat([k[3] for k in kept]), torch.cat([k[4] for k in kept]), gen
 
-    def _update(self, ro: Rollout, adv: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
-        """One AdamW step on - mean over completion tokens of A * log pi (token advantages added for a
+    def _backward(self, ro: Rollout, adv: torch.Tensor, sign: torch.Tensor | None, autocast: bool = True) -> dict:
+        """The gradient of - mean over completion tokens of A * log pi_T (token advantages added for a
         token-level estimator), micro-batched with the whole batch's token count as the divisor."""
         s, ctrl = self.spec.settings, self.controller
-        self.policy.model.train()
         width_c = ro.mask.shape[1]
         mask = ro.mask.float()
         total = mask.sum().clamp_min(1.0)
-        adv = adv.reshape(-1).to(self.policy.device)
-        sign = (zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range).repeat_interleave(s.group_size)
-                if ctrl.needs_entropy else None)  # fmt: skip
-        loss_sum, ent_sum, tok_adv_sum = 0.0, 0.0, 0.0
+        out = {"loss": 0.0, "entropy_sum": 0.0, "tok_adv_sum": 0.0, "loss_finite": True, "logprobs_finite": True,
+               "entropy_finite": True}  # fmt: skip
         self.optimizer.zero_grad(set_to_none=True)
         for i in range(0, ro.ids.shape[0], s.micro_batch):
             sl = slice(i, i + s.micro_batch)
-            lp, ent = self.policy.logprobs_entropy(ro.ids[sl], ro.attn[sl], width_c, True)
+            lp, ent = self.policy.logprobs_entropy(ro.ids[sl], ro.attn[sl], width_c, True, s.temperature, autocast)
             m = mask[sl]
             a = adv[sl, None].expand_as(lp)
             if ctrl.needs_entropy:
                 tok_adv = ctrl.token_advantages(ent, m, sign[sl].to(ent.device))
                 a = a + tok_adv
-                tok_adv_sum += float((tok_adv.abs() * m).sum())
-            loss = -(a.detach() * lp * m).sum() / total
+                out["tok_adv_sum"] += float((tok_adv.abs() * m).sum())
+            # masked positions multiply by 0: a non-finite value there would still poison the sum
+            loss = -torch.where(m > 0, a.detach() * lp, 0.0).sum() / total
             loss.backward()
-            loss_sum += float(loss.detach())
-            ent_sum += float((ent * m).sum())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), s.grad_clip)
-        if not torch.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm at step {self.state['step'] + 1}")
-        self.optimizer.step()
-        out = {"loss": loss_sum, "entropy": ent_sum / float(total), "grad_norm": float(grad_norm)}
-        if ctrl.needs_entropy:
-            out["token_adv_abs_mean"] = tok_adv_sum / float(total)
+            out["loss"] += float(loss.detach())
+            out["entropy_sum"] += float(torch.where(m > 0, ent, 0.0).sum())
+            out["loss_finite"] &= bool(torch.isfinite(loss))
+            out["logprobs_finite"] &= bool(torch.isfinite(lp[m > 0]).all())
+            out["entropy_finite"] &= bool(torch.isfinite(ent[m > 0]).all())
+        out["total"] = float(total)
         return out
 
+    def _update(self, ro: Rollout, adv: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
+        """One AdamW step, or none when the gradient is not finite: then the step is skipped and
+        counted, and what was not finite is diagnosed into the run's record (:meth:`_diagnose`)."""
+        s, ctrl = self.spec.settings, self.controller
+        self.policy.model.train()
+        adv = adv.reshape(-1).to(self.policy.device)
+        sign = (zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range).repeat_interleave(s.group_size)
+                if ctrl.needs_entropy else None)  # fmt: skip
+        b = self._backward(ro, adv, sign)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), s.grad_clip)
+        out = {"loss": b["loss"], "entropy": b["entropy_sum"] / b["total"], "grad_norm": float(grad_norm),
+               "update_skipped": 0}  # fmt: skip
+        if ctrl.needs_entropy:
+            out["token_adv_abs_mean"] = b["tok_adv_sum"] / b["total"]
+        if not torch.isfinite(grad_norm):
+            self.state["nonfinite"].append(self._diagnose(ro, adv, rewards, sign, b))
+            self.optimizer.zero_grad(set_to_none=True)
+            out["update_skipped"] = 1
+            return out
+        self.optimizer.step()
+        return out
+
+    def _diagnose(self, ro: Rollout, adv, rewards, sign, b: dict) -> dict:
+        """What was not finite in a skipped step: the forward's outputs, the parameters whose gradient
+        is not finite (the first ones, by name), and whether the same batch's gradient is finite when
+        computed without autocast (a bf16 effect) or not (the data or the weights). The batch itself is
+        saved beside the run (``nonfinite_step<N>.pt``) to replay it."""
+        step = self.state["step"] + 1
+        bad = [n for n, p in self.policy.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        diag = {"step": step, "loss_finite": b["loss_finite"], "logprobs_finite": b["logprobs_finite"],
+                "entropy_finite": b["entropy_finite"], "nonfinite_grads": len(bad), "first_nonfinite_grads": bad[:5],
+                "completion_tokens": int(ro.mask.sum()), "truncated": int(ro.truncated.sum()),
+                "max_prompt_padding": int((ro.attn[:, : ro.attn.shape[1] - ro.mask.shape[1]] == 0).sum(1).max())}  # fmt: skip
+        if self.policy.dtype != torch.float32:
+            fp32 = self._backward(ro, adv, sign, autocast=False)
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), float("inf"))
+            diag.update(fp32_grad_finite=bool(torch.isfinite(norm)), fp32_loss_finite=fp32["loss_finite"])
+        batch = {"ids": ro.ids.cpu(), "attn": ro.attn.cpu(), "mask": ro.mask.cpu(), "adv": adv.cpu(),
+                 "rewards": rewards.cpu(), "diagnosis": diag}  # fmt: skip
+        torch.save(batch, self.dir / f"nonfinite_step{step}.pt")
+        return diag
+
     def step(self) -> dict:
-        st = self.state
+        st, ctrl = self.state, self.controller
         t0 = time.perf_counter()
-        ro, idx, rewards, task, tokens, groups = self._rollout()
-        st["tokens"] += tokens
-        st["groups_generated"] += groups
-        row = {"step": st["step"] + 1, "tokens": st["tokens"], "step_tokens": tokens, "groups_generated": groups,
-               "groups_trained": len(idx)}  # fmt: skip
+        ro, idx, rewards, task, gen = self._rollout()
+        st["tokens"] += gen["tokens"]
+        st["groups_generated"] += gen["groups"]
+        st["groups_collapsed_generated"] += gen["collapsed"]
+        st["completions"] += gen["completions"]
+        st["truncated"] += gen["truncated"]
+        row = {"step": st["step"] + 1, "tokens": st["tokens"], "step_tokens": gen["tokens"], "rounds": gen["rounds"],
+               "groups_generated": gen["groups"], "acr_generated": gen["collapsed"] / max(1, gen["groups"]),
+               "truncation_rate": gen["truncated"] / max(1, gen["completions"]),
+               "completion_tokens_mean": gen["tokens"] / max(1, gen["completions"]), "groups_trained": len(idx)}  # fmt: skip
         if ro is None:  # DAPO-DS found no mixed group in its rounds: nothing to train on this step
             st["skipped_updates"] += 1
-            row.update(reward=float("nan"), task_reward=float("nan"), acr=float("nan"), acr_effective=float("nan"))
+            row.update(reward=float("nan"), task_reward=float("nan"), acr=float("nan"), acr_effective=float("nan"),
+                       groups_signal=0, update_skipped=1)  # fmt: skip
         else:
-            adv, metrics = self.controller.step(rewards)
-            accepted = round((1.0 - metrics["acr_effective"]) * len(idx))
+            adv, metrics = ctrl.step(rewards)
+            if self.spec.arm.control == "random_sign":
+                collapsed = collapse_stats(rewards, ctrl.tol, ctrl.reward_range).collapsed
+                adv = random_sign_advantages(adv, collapsed, self._generator("random_sign"))
+                metrics["acr_effective"] = float(((adv == 0).all(1)).float().mean())
+            # groups that carry a signal: a non-zero advantage, or (RL-ZVP) token advantages
+            signal = (adv != 0).any(1)
+            if ctrl.needs_entropy:
+                signal |= zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range) != 0
             st["groups_trained"] += len(idx)
-            st["groups_accepted"] += accepted
+            st["groups_signal"] += int(signal.sum())
             row.update(reward=float(rewards.mean()), task_reward=float(task.mean()), acr=metrics["acr"],
                        acr_all_wrong=metrics["acr_all_wrong"], acr_all_right=metrics["acr_all_right"],
                        acr_effective=metrics["acr_effective"], gate_open=metrics.get("gate_open", 0.0),
-                       groups_accepted=accepted, **self._update(ro, adv, rewards))  # fmt: skip
+                       groups_signal=int(signal.sum()), **self._update(ro, adv, rewards))  # fmt: skip
         st["step"] += 1
         st["train_s"] += time.perf_counter() - t0
         row["wall_s"] = st["train_s"]
         st["curve"].append(row)
         return row
 
+    def milestones(self) -> list[int]:
+        """The generated-token milestones of the mid-run evaluations: every ``mid_eval_tokens`` up to
+        the budget, the same in every arm (0: before training)."""
+        s = self.spec.settings
+        return list(range(0, s.token_budget + 1, s.mid_eval_tokens)) if s.mid_eval_tokens else []
+
     def _mid_eval(self) -> None:
-        """Held-out pass@1 on the first ``mid_eval_problems`` problems at n = 2: the accuracy curve
-        against generated tokens and the tokens to reach a target."""
+        """Held-out pass@1 on the first ``mid_eval_problems`` problems at n = 2, at every milestone the
+        generated tokens reached since the last one (one evaluation, each milestone's seed its own:
+        the same in every arm)."""
         s, st = self.spec.settings, self.state
-        per = evaluate(self.policy, self.heldout_rows[: s.mid_eval_problems], 2, s, self.score,
-                       self.spec.seed + 104_729 + st["step"])  # fmt: skip
-        st["mid_evals"].append({"step": st["step"], "tokens": st["tokens"], "pass1": sum(per.values()) / len(per)})
+        done = {e["milestone"] for e in st["mid_evals"]}
+        due = [m for m in self.milestones() if m <= st["tokens"] and m not in done]
+        if not due:
+            return
+        rows = self.heldout_rows[: s.mid_eval_problems]
+        per = evaluate(self.policy, rows, 2, s, self.score, self.spec.seed + 104_729 + due[-1])
+        pass1 = level_mean(per, rows)
+        st["mid_evals"] += [{"milestone": m, "tokens": st["tokens"], "step": st["step"], "pass1": pass1} for m in due]
 
     def train(self, log: Callable[[str], None] = print) -> None:
         s, st = self.spec.settings, self.state
-        if s.mid_eval_every and not st["mid_evals"]:
-            self._mid_eval()  # the curve's start: the model before training
+        self._mid_eval()  # milestone 0: the model before training
         # the steps so far, one JSON line each, for watching a run live (TensorBoard too, where installed);
         # rewritten from the checkpoint's curve on resume, so a step after the checkpoint is not there twice
         atomic_write(self.dir / "metrics.jsonl", "".join(json.dumps(c) + "\n" for c in st["curve"]))
@@ -634,10 +840,10 @@ class Run:
                 for k, v in row.items():
                     if isinstance(v, (int, float)) and k != "step":
                         tb.add_scalar(f"train/{k}", v, global_step=row["tokens"])
+            skipped = " (update skipped: non-finite gradient)" if row.get("update_skipped") and row["groups_trained"] else ""
             log(f"step {row['step']} tokens {row['tokens']}/{s.token_budget} reward {row['task_reward']:.3f} "
-                f"acr {row['acr']:.2f} acr_effective {row['acr_effective']:.2f} {row['wall_s']:.0f}s")  # fmt: skip
-            if s.mid_eval_every and st["step"] % s.mid_eval_every == 0:
-                self._mid_eval()
+                f"acr {row['acr']:.2f} acr_effective {row['acr_effective']:.2f} {row['wall_s']:.0f}s{skipped}")  # fmt: skip
+            self._mid_eval()
             if s.ckpt_every and st["step"] % s.ckpt_every == 0:
                 self._checkpoint()
         if tb is not None:
@@ -659,23 +865,41 @@ class Run:
             return sum(c[key] for c in trained) / len(trained) if trained else float("nan")
 
         dev = self.policy.device
+        precision = {"weights": "fp32", "compute": "bf16 autocast" if self.policy.dtype == torch.bfloat16 else "fp32"}
+        record = {**self.spec.settings_record(), "precision": precision["compute"]}
+        nonfinite = len(st["nonfinite"])
         return {
             "method": self.spec.method, "seed": self.spec.seed, "arm": dataclasses.asdict(self.spec.arm),
+            "settings": record, "settings_hash": settings_hash(record), "commit": code_commit(), "lr": self.lr,
             "steps": st["step"], "generated_tokens": st["tokens"], "token_budget": s.token_budget,
             "last_step_tokens": st["curve"][-1]["step_tokens"] if st["curve"] else 0,
             "groups_generated": st["groups_generated"], "groups_trained": st["groups_trained"],
-            "groups_accepted": st["groups_accepted"], "skipped_updates": st["skipped_updates"],
-            "accepted_per_mtok": 1e6 * st["groups_accepted"] / st["tokens"] if st["tokens"] else 0.0,
-            "heldout_pass1": sum(per.values()) / len(per) if per else None, "heldout_problems": len(per),
+            "groups_signal": st["groups_signal"], "skipped_updates": st["skipped_updates"],
+            "signal_groups_per_mtok": 1e6 * st["groups_signal"] / st["tokens"] if st["tokens"] else 0.0,
+            "acr_generated": st["groups_collapsed_generated"] / st["groups_generated"] if st["groups_generated"] else float("nan"),
+            "truncation_rate": st["truncated"] / st["completions"] if st["completions"] else float("nan"),
+            "completion_tokens_mean": st["tokens"] / st["completions"] if st["completions"] else float("nan"),
+            "nonfinite_steps": st["nonfinite"], "nonfinite_share": nonfinite / st["step"] if st["step"] else 0.0,
+            "flagged": bool(st["step"] and nonfinite / st["step"] > NONFINITE_FLAG),
+            "heldout_pass1": level_mean(per, self.heldout_rows) if per else None, "heldout_problems": len(per),
             "heldout_by_level": {k: sum(v) / len(v) for k, v in levels.items()}, "per_problem": per,
             "eval_n": s.eval_n, "acr_raw": avg("acr"), "acr_effective": avg("acr_effective"),
             "acr_all_wrong": avg("acr_all_wrong"), "acr_all_right": avg("acr_all_right"),
             "curve": st["curve"], "mid_evals": st["mid_evals"], "train_s": st["train_s"],
             "eval_s": time.perf_counter() - t0, "resumed": st["resumed"],
-            "device": device_name(dev),
-            "precision": {"weights": "fp32", "compute": "bf16 autocast" if self.policy.dtype == torch.bfloat16 else "fp32"},
-            "torch": torch.__version__,
+            "device": device_name(dev), "precision": precision, "torch": torch.__version__,
         }  # fmt: skip
+
+
+def level_mean(per: dict[str, float], rows: list[dict]) -> float:
+    """Held-out pass@1 with each level weighing the same, whatever its count of distinct problems (a
+    level with few distinct problems, single-digit products, is not outweighed); the plain mean over
+    problems where the rows have no level."""
+    levels: dict[str, list[float]] = {}
+    for r in rows:
+        if r["unique_id"] in per:
+            levels.setdefault(str(r.get("level", "")), []).append(per[r["unique_id"]])
+    return sum(sum(v) / len(v) for v in levels.values()) / len(levels) if levels else float("nan")
 
 
 def run(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = print) -> dict:

@@ -58,18 +58,27 @@ def precision_lines(results: list[dict]) -> list[str]:
 
 
 def pack_per_problem(per: dict[str, float], n: int) -> dict | dict[str, float]:
-    """A run's per-problem accuracies as the repository keeps them: the ids' common prefix and one
-    digit per problem, its correct samples of ``n`` (1,200 problems in 1.2 kB instead of ~40 kB).
-    Ids that are not ``prefix + 0..P-1`` or values that are not k/n stay a plain dict."""
-    ids = list(per)
-    prefix = ids[0].rsplit("/", 1)[0] + "/" if ids else ""
-    counts = [per.get(f"{prefix}{i}", -1.0) * n for i in range(len(ids))]
-    if n > 9 or any(c < 0 or abs(c - round(c)) > 1e-9 for c in counts):
-        return dict(per)
-    return {"n": n, "prefix": prefix, "correct": "".join(str(round(c)) for c in counts)}
+    """A run's per-problem accuracies as the repository keeps them: for each common id prefix, one
+    digit per problem, its correct samples of ``n`` (1,200 problems in 1.2 kB instead of ~40 kB). Ids
+    that are not ``prefix + 0..k-1`` for each prefix, or values that are not k/n, stay a plain dict."""
+    groups: dict[str, list[str]] = {}
+    for uid in per:
+        groups.setdefault(uid.rsplit("/", 1)[0] + "/", []).append(uid)
+    packed = {}
+    for prefix, ids in groups.items():
+        counts = [per.get(f"{prefix}{i}", -1.0) * n for i in range(len(ids))]
+        if n > 9 or any(c < 0 or abs(c - round(c)) > 1e-9 for c in counts):
+            return dict(per)
+        packed[prefix] = "".join(str(round(c)) for c in counts)
+    if len(packed) == 1:  # the one-prefix form the earlier studies published
+        ((prefix, digits),) = packed.items()
+        return {"n": n, "prefix": prefix, "correct": digits}
+    return {"n": n, "prefixes": packed}
 
 
 def unpack_per_problem(packed: dict) -> dict[str, float]:
+    if "prefixes" in packed:
+        return {f"{p}{i}": int(c) / packed["n"] for p, digits in packed["prefixes"].items() for i, c in enumerate(digits)}
     if "correct" not in packed:
         return dict(packed)
     return {f"{packed['prefix']}{i}": int(c) / packed["n"] for i, c in enumerate(packed["correct"])}
