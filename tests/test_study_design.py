@@ -75,7 +75,9 @@ def test_logprobs_and_entropies_are_those_of_the_sampling_temperature(assets, tm
     ref = torch.log_softmax(full.float() / 0.7, -1).gather(-1, ro.ids[:, -width_c:, None]).squeeze(-1)
     m = ro.mask.bool()
     assert torch.allclose(lp[m], ref[m], atol=1e-5)
-    assert not torch.allclose(lp[m], torch.log_softmax(full.float(), -1).gather(-1, ro.ids[:, -width_c:, None]).squeeze(-1)[m], atol=1e-3)
+    assert not torch.allclose(
+        lp[m], torch.log_softmax(full.float(), -1).gather(-1, ro.ids[:, -width_c:, None]).squeeze(-1)[m], atol=1e-3
+    )
 
 
 def test_a_constant_advantage_on_policy_leaves_the_entropy_unchanged():
@@ -135,8 +137,15 @@ def test_the_format_reward_scores_an_answer_whatever_its_value():
     assert format_reward("arith")(["so it is 41", "\\boxed{7}", "I do not know"]) == [1.0, 1.0, 0.0]
     assert format_reward("math")(["\\boxed{x+1}", "no answer here"]) == [1.0, 0.0]
     with pytest.raises(ValueError, match="format"):
-        RunSpec(method="f", seed=0, arm=Arm("grpo", reward="format"), settings=dataclasses.replace(SMALL),
-                model="m", train="t", heldout="h")  # study_reward:parity has no answer extraction
+        RunSpec(
+            method="f",
+            seed=0,
+            arm=Arm("grpo", reward="format"),
+            settings=dataclasses.replace(SMALL),
+            model="m",
+            train="t",
+            heldout="h",
+        )  # study_reward:parity has no answer extraction
 
 
 def test_a_remedy_configs_own_seed_wins_over_the_runs():
@@ -298,7 +307,10 @@ def test_a_partial_study_has_the_banner_and_a_holm_family_of_four(tmp_path):
     text = st.report(full, tmp_path)
     assert "Incomplete" not in text
     decision = json.loads((tmp_path / "results.json").read_text())["decision"]
-    assert decision["complete"] and decision["verdicts"]["RL-ZVP"] in ("inconclusive", "no difference larger than 3 points")
+    assert decision["complete"] and decision["verdicts"]["RL-ZVP"] in (
+        "inconclusive",
+        "no difference larger than 3 points",
+    )
     with pytest.raises(StudyError, match="differ in"):
         st.report(full + [_fake("GRPO", 9, 0.5, hash_="other")], tmp_path)
 

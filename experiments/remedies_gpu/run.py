@@ -50,7 +50,9 @@ STUDY = GPURemediesStudy(
         "NGRPO": Arm("ngrpo"),
         "GRESO": Arm("grpo", dynamic=True, greso={}),  # GRESO as published: skip before rollout, then DS
         # controls
-        "random-sign": Arm("grpo", control="random_sign"),  # a fair coin's +-1 on collapsed groups: a push, no information
+        "random-sign": Arm(
+            "grpo", control="random_sign"
+        ),  # a fair coin's +-1 on collapsed groups: a push, no information
         "format-reward": Arm("grpo", reward="format"),  # 1 for any extractable answer: the gain without correctness
         "coin-reward": Arm("grpo", reward="random"),  # a fair coin per completion: the noise floor
     },
