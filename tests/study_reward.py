@@ -30,3 +30,8 @@ def parity_then_hang(completion: str, answer: str) -> float:
         open(os.environ["STUDY_TEST_HUNG_FILE"], "w").close()
         time.sleep(3600)
     return parity(completion, answer)
+
+
+def ten(completion: str, answer: str) -> float:
+    """:func:`parity` on a 0..10 scale: outside the default reward range (0, 1)."""
+    return 10.0 * parity(completion, answer)

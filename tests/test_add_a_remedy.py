@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from avspo_openrlhf.algo import ESTIMATORS, ACRConfig, CollapseController, group_advantages
+from avspo_openrlhf.algo import ESTIMATORS, ACRConfig, CollapseController, group_advantages, register_estimator
 from avspo_openrlhf.trainer import config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,3 +186,48 @@ def test_verl_compute_advantage_dispatches_to_the_plugin(qae):
     with pytest.raises(ValueError, match=r"^algorithm\.qae\.quantile must be in \[0, 1\], got 2$"):
         plugin.check_config(algorithm("acr_qae", qae={"quantile": 2}))
     assert json.dumps(plugin.acr_metrics(cfg))  # plain floats for verl's logger
+
+
+@pytest.fixture
+def half_sign():
+    """A user remedy that reports nothing: the sign advantage on the even collapsed groups only."""
+    before = dict(ESTIMATORS)
+
+    def fn(stats, cfg, ctx):
+        lo, hi = ctx.reward_range
+        even = stats.collapsed & (torch.arange(stats.mean.shape[0]) % 2 == 0)
+        scale = torch.where(
+            stats.collapsed, torch.zeros_like(stats.mean), 1.0 / (stats.ssd.div(stats.group_size).sqrt() + 1e-6)
+        )
+        offset = torch.where(even, 2 * (stats.mean - lo) / (hi - lo) - 1, -stats.mean * scale)
+        return scale, torch.where(stats.collapsed & ~even, torch.zeros_like(offset), offset), {}
+
+    register_estimator("half_sign")(fn)
+    yield "half_sign"
+    ESTIMATORS.clear()
+    ESTIMATORS.update(before)
+
+
+def test_a_user_remedys_effective_acr_is_read_from_its_advantages(half_sign):
+    """acr_effective = the share of groups that are collapsed and still all zero, whatever the remedy
+    reports: here 2 of the 4 collapsed groups (rows 1 and 3) of 6 are left at zero."""
+    rewards = torch.tensor(
+        [[1.0, 1, 1, 1], [0.0, 0, 0, 0], [0.0, 0, 0, 0], [1.0, 1, 1, 1], [1.0, 0, 1, 0], [0, 1, 0, 0.0]]
+    )
+    adv, info = group_advantages(rewards, half_sign)
+    assert info["acr"] == pytest.approx(4 / 6) and info["acr_effective"] == pytest.approx(2 / 6)
+    ctrl = CollapseController(half_sign)
+    _, metrics = ctrl.step(rewards)
+    assert metrics["acr_effective"] == pytest.approx(2 / 6)
+
+
+def test_the_gate_metric_reads_the_gate_even_when_every_group_has_an_unscored_completion():
+    """Every group holds an unscored completion: the remedy acts on none of them, and gate_open says
+    what the gate decided from acr/gate and tau (open here), not 0."""
+    ctrl = CollapseController("avspo", acr=ACRConfig(tau_init=0.5, window=1))
+    rewards = torch.zeros(4, 4)
+    scored = torch.ones(4, 4, dtype=torch.bool)
+    scored[:, 0] = False
+    adv, m = ctrl.step(rewards, scored=scored)
+    assert m["acr"] == 1.0 and m["acr_gate"] > m["tau_adapt_used"] == 0.5 and m["gate_open"] == 1.0
+    assert torch.isnan(adv).all()  # the trainer keeps its own advantages for those groups

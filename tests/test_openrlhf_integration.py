@@ -83,6 +83,11 @@ def test_flags_parse_into_namespaces_with_openrlhf_validation():
         (["--ckpt.save_steps", "0"], "--ckpt.save_steps must be -1 (never) or >= 1"),
         (["--train.async_enable", "--train.async_queue_size", "0"], "--train.async_queue_size must be >= 1"),
         (["--acr.volatility_window", "1"], "--acr.volatility_window must be >= 2"),
+        # a bound on a KL that OpenRLHF logs as 0 (no reference model without a KL coefficient)
+        (
+            ["--algo.kl.init_coef", "0", "--monitor.kl_bound", "0.1"],
+            "--monitor.kl_bound watches the KL to the reference",
+        ),
     ],
 )
 def test_invalid_flag_combinations_are_rejected(flags, msg, capsys):
@@ -315,6 +320,19 @@ def test_nan_reward_is_reported():
     maker = make_maker(args, RemedyExperienceMaker)
     with pytest.raises(ValueError, match="non-finite"):
         maker.compute_advantages_and_returns(experiences_with_kl(maker, rollout_samples(rewards)))
+
+
+def test_a_reward_outside_the_declared_range_is_refused():
+    """Rewards on 0..10 with --acr.reward_range left at (0, 1): refused at the first batch, naming the
+    range and the value (an all-10 group would otherwise be pushed down as if all wrong)."""
+    args = parse("--remedy", "avspo")
+    maker = make_maker(args, RemedyExperienceMaker)
+    with pytest.raises(ValueError, match=r"acr\.reward_range is \(0, 1\) but a raw reward is 10"):
+        maker.compute_advantages_and_returns(experiences_with_kl(maker, rollout_samples(10 * REWARDS)))
+    args = parse("--remedy", "avspo", "--acr.reward_range", "0", "10")
+    maker = make_maker(args, RemedyExperienceMaker)
+    maker.compute_advantages_and_returns(experiences_with_kl(maker, rollout_samples(10 * REWARDS)))
+    assert maker.last_metrics["acr_all_right"] == pytest.approx(float((REWARDS == 1).all(1).float().mean()))
 
 
 def _with_statuses(samples, timeout: torch.Tensor):

@@ -341,3 +341,12 @@ def test_a_plugin_remedy_runs_as_an_arm_in_the_loops_process(assets, tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     assert res["arm"]["estimator"] == "qae" and res["settings"]["plugins"] == [plugin]
+
+
+def test_a_reward_outside_the_declared_range_stops_the_run_at_its_first_step(assets, tmp_path):
+    run = loop.Run(spec(assets, Arm("avspo"), reward="study_reward:ten", final_eval=False), tmp_path / "a")
+    with pytest.raises(ValueError, match=r"acr\.reward_range is \(0, 1\) but a raw reward is 10"):
+        run.step()
+    ok = spec(assets, Arm("avspo"), reward="study_reward:ten", final_eval=False,
+              acr={"tau_init": 0.25, "window": 2, "reward_range": (0.0, 10.0)})  # fmt: skip
+    assert loop.Run(ok, tmp_path / "b").step()["groups_trained"] == 2

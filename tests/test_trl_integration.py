@@ -476,6 +476,8 @@ CONFIG_MISTAKES = [
     (dict(remedy="sign", virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it"),
     (dict(virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy=None does not use it"),
     (dict(acr_options={"window": 0}), "acr_options['window'] must be >= 1, got 0"),
+    (dict(monitor_kl_bound=0.1), "monitor_kl_bound watches TRL's logged kl, which TRL computes only with beta > 0"),
+    (dict(monitor_kl_bound=0.1, monitor_kl_source="old", beta=0.01), "monitor_kl_source='old'"),
     (dict(acr_threshold_init=0.95), "acr_threshold_init must lie within acr_tau_bounds [0.1, 0.9], got 0.95"),
     (dict(acr_options={"tau_bounds": [0.6, 0.9]}), "acr_threshold_init must lie within acr_options['tau_bounds'] [0.6, 0.9], got 0.5"),
     (dict(acr_options={"tau_init": 0.3}), "set acr_threshold_init, not acr_options['tau_init']"),
@@ -520,11 +522,11 @@ def test_typed_options_are_generated_from_the_configs_and_mean_what_the_dicts_me
             assert (name not in fields) if skipped else (fields[name].default is None and f.metadata["help"] in fields[name].metadata["help"]), name  # fmt: skip
     kw = common(assets, "typed")
     argv = ["--remedy", "avspo", "--avspo_strategy", "opposite", "--acr_tau_bounds", "0.2", "0.8", "--acr_window", "3",
-            "--monitor_kl_bound", "0.1", "--monitor_stop_on_alarm", "kl_drift", "--output_dir", kw["output_dir"],
+            "--monitor_kl_bound", "0.1", "--monitor_stop_on_alarm", "kl_drift", "--beta", "0.01", "--output_dir", kw["output_dir"],
             "--use_cpu", "--bf16", "false", "--num_generations", str(G), "--per_device_train_batch_size", str(2 * G)]  # fmt: skip
     (parsed,) = transformers.HfArgumentParser(acr_trl.GRPOConfig).parse_args_into_dataclasses(argv)
     dicts = acr_trl.GRPOConfig(remedy="avspo", remedy_options={"strategy": "opposite"}, monitor_options={"kl_bound": 0.1, "stop_on_alarm": ["kl_drift"]},
-                               acr_options={"tau_bounds": [0.2, 0.8], "window": 3}, **kw)  # fmt: skip
+                               acr_options={"tau_bounds": [0.2, 0.8], "window": 3}, beta=0.01, **kw)  # fmt: skip
     assert acr_trl._configs(parsed) == acr_trl._configs(dicts)
     assert acr_trl._configs(parsed)[1].strategy == "opposite" and acr_trl._configs(parsed)[2].tau_bounds == (0.2, 0.8)
 
@@ -587,3 +589,41 @@ def test_the_trl_surface_we_rely_on():
     step = inspect.getsource(trl.GRPOTrainer.training_step)
     assert "self._step += 1" in step and "self.current_gradient_accumulation_steps" in step
     assert 'self._metrics[mode]["entropy"].append(' in inspect.getsource(trl.GRPOTrainer._compute_loss)
+
+
+def ten_times(completions, pattern, **_):
+    """The fixed reward batch on a 0..10 scale."""
+    return [10.0 * r for r in correct(completions, pattern)]
+
+
+def test_a_reward_outside_the_declared_range_is_refused(assets):
+    """On 0..10 with acr_reward_range left at (0, 1), an all-10 group got advantage -0.789 (an
+    all-wrong group's push): now the first batch fails naming the field and the value."""
+    args = acr_trl.GRPOConfig(remedy="avspo", **common(assets, "range", steps=1))
+    trainer = acr_trl.GRPOTrainer(
+        model=assets["model"], reward_funcs=ten_times, args=args, train_dataset=assets["data"]
+    )
+    with pytest.raises(ValueError, match=r"acr\.reward_range is \(0, 1\) but a raw reward is 10.*acr_reward_range"):
+        trainer.train()
+    args = acr_trl.GRPOConfig(remedy="avspo", acr_reward_range=[0, 10], **common(assets, "range10", steps=1))
+    trainer = acr_trl.GRPOTrainer(
+        model=assets["model"], reward_funcs=ten_times, args=args, train_dataset=assets["data"]
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_monitor_stop_on_alarm_stops_training_as_avspo_train_does(assets):
+    """The entropy alarm (threshold above any entropy, patience 0) fires at the first optimizer step:
+    training stops there, through the Trainer's own control flow, instead of running all 3 steps."""
+    args = acr_trl.GRPOConfig(monitor_entropy_threshold=100.0, monitor_entropy_patience=0,
+                              monitor_stop_on_alarm=["entropy_collapse"], **common(assets, "stop", steps=3))  # fmt: skip
+    trainer = acr_trl.GRPOTrainer(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
+    trainer.train()
+    assert trainer.state.global_step == 1 and trainer.stop_reason == "alarm entropy_collapse"
+    args = acr_trl.GRPOConfig(
+        monitor_entropy_threshold=100.0, monitor_entropy_patience=0, **common(assets, "nostop", steps=3)
+    )
+    trainer = acr_trl.GRPOTrainer(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
+    trainer.train()
+    assert trainer.state.global_step == 3 and trainer.stop_reason == ""  # the alarm alone does not stop

@@ -237,3 +237,20 @@ def test_the_verl_surface_we_rely_on():
     v1 = Path(core_algos.__file__).parent / "v1" / "trainer_base.py"
     assert re.search(r"def _compute_advantage\(self, batch[^,]*, metrics: dict\)", v1.read_text())
     assert "rl_zvp" in ESTIMATORS and "rl_zvp" not in plugin.REMEDIES  # token-level: see the plugin's docstring
+
+
+def test_a_reward_outside_the_declared_range_is_refused():
+    """A 0..10 reward with algorithm.acr.reward_range left at (0, 1): an all-10 group would be pushed
+    down as if all wrong; the first batch fails naming the range and the value instead."""
+    with pytest.raises(ValueError, match=r"acr\.reward_range is \(0, 1\) but a raw reward is 10"):
+        advantages(algorithm("acr_avspo"), rewards=10 * REWARDS)
+    adv, *_ = advantages(algorithm("acr_avspo", acr={"reward_range": [0, 10]}), rewards=10 * REWARDS)
+    assert torch.isfinite(adv).all()
+
+
+def test_monitor_options_that_cannot_act_in_verl_are_refused():
+    cfg = algorithm("acr_sign", monitor={"kl_bound": 0.1})
+    with pytest.raises(
+        ValueError, match=r"algorithm\.monitor \(kl_bound\): a verl advantage estimator sees no entropy"
+    ):
+        plugin.check_config(cfg)

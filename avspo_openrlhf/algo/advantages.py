@@ -43,8 +43,10 @@ class Estimator:
     """A registered advantage estimator.
 
     ``fn(stats, config, ctx) -> (scale [N], offset [N], info)``; ``info`` may hold ``gate_open``,
-    ``num_virtual_k``, ``num_virtual`` (``[N]``) and ``num_effective_collapsed`` (collapsed groups
-    whose advantages stay all zero). ``token_fn(entropy [B, T], mask [B, T], sign [B], config) ->
+    ``num_virtual_k`` and ``num_virtual`` (``[N]``). Effective collapse is read from the advantages
+    (the collapsed groups whose advantages are all zero); only a token-level estimator, whose token
+    advantages are not seen there, reports ``num_effective_collapsed`` (the collapsed groups it leaves
+    with no signal). ``token_fn(entropy [B, T], mask [B, T], sign [B], config) ->
     [B, T]``: token-level additions on zero-variance responses (``None``: a group estimator).
     """
 
@@ -198,7 +200,14 @@ def group_advantages(
     )  # fmt: skip
     scale, offset, info = entry.fn(stats, config, ctx)
     adv = torch.addcmul(offset[:, None], rewards, scale[:, None])
-    num_eff = info.pop("num_effective_collapsed", stats.num_collapsed)
+    # effective collapse, read from what the estimator returned: a collapsed group whose advantages
+    # are all still zero (no estimator has to count it). A token-level estimator's token advantages
+    # are not seen here: it reports its own count (RL-ZVP: none, it gives every collapsed group some).
+    reported = info.pop("num_effective_collapsed", None)
+    if entry.token_fn is not None and reported is not None:
+        num_eff = int(reported)
+    else:
+        num_eff = int((stats.collapsed & (adv == 0).all(dim=1)).sum())
     info.update(stats.metrics())
     info.update(stats=stats, acr_gate=ctx.acr_gate, acr_effective=num_eff / n if n else 0.0)
     return adv, info

@@ -48,10 +48,13 @@ def _avspo(stats: CollapseStats, cfg: AVSPOConfig, ctx: GroupContext):
         augmented, n_aug = stats.collapsed & ~stats.all_right, stats.num_collapsed - stats.num_all_right
     else:
         augmented, n_aug = stats.all_right, stats.num_all_right
-    gate_open = ctx.acr_gate > ctx.tau_adapt and n_aug > 0
-    k = (cfg.num_virtual or num_virtual(g, ctx.acr_gate, cfg.alpha, cfg.strategy)) if gate_open else 0
+    # the gate's decision reads acr_gate and tau alone (what acr/gate and acr/tau_adapt log); it acts on
+    # the groups it may augment, so a batch with none of them is GRPO with the gate open
+    gate_open = ctx.acr_gate > ctx.tau_adapt
+    acting = gate_open and n_aug > 0
+    k = (cfg.num_virtual or num_virtual(g, ctx.acr_gate, cfg.alpha, cfg.strategy)) if acting else 0
     info = {"gate_open": gate_open, "num_virtual_k": k, "num_virtual": augmented * k}
-    if not gate_open:
+    if not acting:
         info["num_effective_collapsed"] = stats.num_collapsed
         return scale, offset, info
 

@@ -122,6 +122,9 @@ class CollapseController:
             # every completion scored: the plain (faster) path, whose finiteness check still applies
             scored = None if bool(scored.all()) else scored
             shaped_scored = None if bool(shaped_scored.all()) else shaped_scored
+        self._check_range(raw, scored, "raw")
+        if shaped is not raw:
+            self._check_range(shaped, shaped_scored, "shaped")
         raw_stats = collapse_stats(raw, self.tol, self.reward_range, scored)
         shaped_stats = (
             raw_stats if shaped is raw else collapse_stats(shaped, self.tol, self.reward_range, shaped_scored)
@@ -169,6 +172,25 @@ class CollapseController:
         metrics.update(self.tracker.metrics())
         self.steps += 1
         return adv, metrics
+
+    def _check_range(self, rewards: torch.Tensor, scored: torch.Tensor | None, view: str) -> None:
+        """A reward outside ``acr.reward_range`` fails the step in one line: all-wrong and all-right
+        are read against that range, so a group at 10 of a 0..10 reward with the range left at (0, 1)
+        would be pushed down as if it were all wrong. Unscored (masked or non-finite) values are not read."""
+        values = rewards if scored is None else rewards[scored.to(rewards.device)]
+        values = values[torch.isfinite(values)]
+        if not values.numel():
+            return
+        lo, hi = self.reward_range
+        low, high = float(values.min()), float(values.max())
+        if low < lo - self.tol or high > hi + self.tol:
+            seen = low if low < lo - self.tol else high
+            raise ValueError(
+                f"acr.reward_range is ({lo:g}, {hi:g}) but a {view} reward is {seen:g} (this batch spans "
+                f"{low:g}..{high:g}): all-wrong and all-right groups are read against that range. Set it to the "
+                "rewards' range: --acr.reward_range LO HI (avspo-train), acr_reward_range=[LO, HI] (TRL), "
+                "algorithm.acr.reward_range (verl), Settings.acr reward_range (the study loop)"
+            )
 
     def after_train(self, status: dict[str, float], kl_key: str = "kl") -> dict[str, float]:
         """Feed the optimizer's metrics (OpenRLHF's ``entropy_loss`` and ``kl``/``ppo_kl``) to the

@@ -278,7 +278,14 @@ class GRPOConfig(_FlatOptions):
         if self.acr_reward_func is not None and not isinstance(self.acr_reward_func, str):
             raise ValueError(f"acr_reward_func must be a reward function's name, got {self.acr_reward_func!r}")
         self._check_trl_settings()
-        _configs(self)  # every option checked now, in the names set here (not after the model loads)
+        _, _, _, monitor = _configs(self)  # every option checked now, in the names set here (not after the model loads)
+        if monitor.kl_bound is not None:  # a bound on a KL TRL does not compute would never fire
+            if self.beta == 0:
+                raise ValueError("monitor_kl_bound watches TRL's logged kl, which TRL computes only with beta > 0 "
+                                 "(beta=0 is its default): set beta, or leave monitor_kl_bound out")  # fmt: skip
+            if monitor.kl_source != "ref":
+                raise ValueError("monitor_kl_source='old' (the KL to the previous policy) is not logged by TRL; "
+                                 "use 'ref' (TRL's kl, with beta > 0)")  # fmt: skip
 
     def _check_trl_settings(self) -> None:
         """TRL settings a remedy cannot work with (TRL itself refuses num_generations < 2)."""
@@ -334,8 +341,8 @@ def _configs(args):
 def _controller_for(args) -> tuple[Any, str | None]:
     """The controller an (our or TRL's own) ``GRPOConfig`` describes; TRL's own config measures only."""
     remedy, config, acr, monitor = _configs(args)
-    seed = config.seed if getattr(config, "seed", None) is not None else args.seed
-    return CollapseController(remedy, config, acr=acr, monitor=monitor, seed=int(seed)), remedy
+    # a remedy config's own seed wins: CollapseController applies that rule itself
+    return CollapseController(remedy, config, acr=acr, monitor=monitor, seed=int(args.seed)), remedy
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -345,6 +352,8 @@ class GRPOTrainer(trl.GRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.controller, self.remedy = _controller_for(self.args)
+        self.stop_on_alarm = frozenset(_configs(self.args)[3].stop_on_alarm)
+        self.stop_reason = ""  # set when an alarm of monitor_stop_on_alarm fires
         self._gathered_rewards: torch.Tensor | None = None
         self._token_inputs: dict | None = None
         self._check_setup()
@@ -394,7 +403,24 @@ class GRPOTrainer(trl.GRPOTrainer):
             output[SIGN_KEY] = local.to(output["advantages"].device)
         for key, value in framework_metrics(metrics).items():
             self._metrics[mode][key].append(value)
+        self._stop_on_alarm()  # the ACR alarms move with each batch
         return output
+
+    def _stop_on_alarm(self) -> None:
+        """monitor_stop_on_alarm as avspo-train does it: the run stops at the end of this step, through
+        the Trainer's own ``control.should_training_stop`` (it saves where save_strategy says)."""
+        if not self.stop_on_alarm or self.stop_reason:
+            return
+        fired = sorted(
+            a
+            for a, on in self.controller.alarms().items()
+            if on and ("any" in self.stop_on_alarm or a in self.stop_on_alarm)
+        )
+        if fired:
+            self.stop_reason = f"alarm {', '.join(fired)}"
+            self.control.should_training_stop = True
+            self.control.should_save = True
+            print(f"[avspo] stopping: {self.stop_reason} (monitor_stop_on_alarm)", flush=True)
 
     def _local_slice(self, full: torch.Tensor, n_local: int) -> torch.Tensor:
         """This process's rows of a gathered ``[B_all]`` tensor: TRL's ``process_slice``."""
@@ -469,6 +495,7 @@ class GRPOTrainer(trl.GRPOTrainer):
             status = {k: sum(m[src][-ga:]) / len(m[src][-ga:]) for k, src in (("entropy_loss", "entropy"), ("kl", "kl")) if m.get(src)}  # fmt: skip
             for key, value in framework_metrics(self.controller.after_train(status)).items():
                 m[key].append(value)
+            self._stop_on_alarm()  # the entropy and KL alarms move with each optimizer step
         return loss
 
     def _save_checkpoint(self, model, trial):

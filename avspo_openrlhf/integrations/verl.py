@@ -109,8 +109,14 @@ def _controller(config: Any, remedy: str) -> CollapseController:
     acr = _section(config, "acr")
     seed = _seed(acr)
     options = _section(config, remedy) if ESTIMATORS[remedy].config is not None else {}
-    return build_controller(remedy, std_convention=VERL_STD_CONVENTION, eps=VERL_EPS, options=options, acr=acr,
-                            monitor=_section(config, "monitor"), seed=seed, names=_names(remedy))  # fmt: skip
+    monitor = _section(config, "monitor")
+    controller = build_controller(remedy, std_convention=VERL_STD_CONVENTION, eps=VERL_EPS, options=options, acr=acr,
+                                  monitor=monitor, seed=seed, names=_names(remedy))  # fmt: skip
+    if monitor:  # checked above, then refused: an option that validates and does nothing is worse than an error
+        raise ValueError(f"algorithm.monitor ({', '.join(sorted(monitor))}): a verl advantage estimator sees no "
+                         "entropy, KL or training loop, so the entropy and KL monitors and stop_on_alarm cannot act "
+                         "in verl; the ACR alarms (algorithm.acr) are logged. Leave algorithm.monitor out")  # fmt: skip
+    return controller
 
 
 def _run(config: Any, remedy: str) -> _Run:

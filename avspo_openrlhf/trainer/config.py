@@ -430,6 +430,11 @@ def validate(args) -> None:
             print(
                 f"[avspo] --algo.advantage.gamma {args.algo.advantage.gamma} is ignored with group_norm: returns use 1.0"
             )
+    if cfg.monitor.kl_bound is not None and cfg.monitor.kl_source == "ref" and args.algo.kl.init_coef == 0:
+        # OpenRLHF loads the reference model only with a KL coefficient: without one its kl is logged as 0
+        raise ValueError("--monitor.kl_bound watches the KL to the reference model, which OpenRLHF computes only "
+                         "with --algo.kl.init_coef > 0 (it logs 0 otherwise): set --algo.kl.init_coef, or "
+                         "--monitor.kl_source old (the KL to the previous policy), or leave --monitor.kl_bound out")  # fmt: skip
     if cfg.greso.enable and n < 2:
         raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
     max_len, new_tokens = args.data.max_len, args.rollout.max_new_tokens
