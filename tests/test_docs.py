@@ -261,3 +261,23 @@ def test_the_site_builds_in_strict_mode(site):
     choosing = (site / "choosing" / "index.html").read_text(encoding="utf-8")
     assert "generated: collapsed-group-advantages" not in choosing
     assert "-0.333" in choosing  # NGRPO on an all-wrong group of 8: -1/sqrt(G + 1)
+
+
+# an include marker (pymdownx.snippets' "--8<--") in any spelling a formatter might leave behind
+INCLUDE_MARKER = re.compile(r"-{1,2}\s*8\s*<\s*-{1,2}")
+
+
+def test_no_include_marker_is_mangled_in_the_sources():
+    """A formatter once rewrote '--8<--' as '--8 < --': the strict build passed and the page showed the
+    marker instead of the module."""
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in [*ROOT.glob("docs/*.md"), *ROOT.glob("experiments/*/README.md")]
+           for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+           if INCLUDE_MARKER.search(line) and '--8<-- "' not in line]  # fmt: skip
+    assert not bad, f"mangled include markers: {bad}"
+
+
+def test_the_built_site_shows_no_include_marker(site):
+    """Every include was rendered: no page shows the marker itself."""
+    shown = [p.relative_to(site).as_posix() for p in sorted(site.rglob("*.html"))
+             if INCLUDE_MARKER.search(html.unescape(re.sub(r"<[^>]+>", "", p.read_text(encoding="utf-8"))))]  # fmt: skip
+    assert not shown, f"pages showing an include marker: {shown}"
