@@ -77,7 +77,9 @@ def test_gradients_flow_to_each_run_alone():
     params2 = stacked.stack([m.state_dict() for m in models], scfg)
     out = stacked.forward(params2, scfg, ids, attn, pos)
     out[0].logsumexp(-1)[attn[0].bool()].sum().backward()
-    assert torch.allclose(params2["model.embed_tokens.weight"].grad[0], models[0].model.embed_tokens.weight.grad, atol=1e-4)
+    assert torch.allclose(
+        params2["model.embed_tokens.weight"].grad[0], models[0].model.embed_tokens.weight.grad, atol=1e-4
+    )
 
 
 def _generate(params, scfg, ids, attn, u, eos):
@@ -102,7 +104,9 @@ def test_generation_with_the_cache_equals_the_full_forward_and_ignores_the_other
             logits = stacked.forward(params, scfg, seq, a, pos, keep=1)[:, :, -1]
             cdf = torch.softmax(logits / 0.7, -1).cumsum(-1)
             tok = torch.searchsorted(cdf, (u[..., t] * cdf[..., -1])[..., None]).squeeze(-1)
-            ended = torch.isin(seq[:, :, ids.shape[-1] :], eos).any(-1) if t else torch.zeros_like(tok, dtype=torch.bool)
+            ended = (
+                torch.isin(seq[:, :, ids.shape[-1] :], eos).any(-1) if t else torch.zeros_like(tok, dtype=torch.bool)
+            )
             tok = torch.where(ended, torch.zeros_like(tok), tok)
             assert torch.equal(tok, out[:, :, t]), t
             seq, a = torch.cat([seq, tok[..., None]], -1), torch.cat([a, torch.ones_like(tok)[..., None]], -1)

@@ -627,3 +627,13 @@ def test_monitor_stop_on_alarm_stops_training_as_avspo_train_does(assets):
     trainer = acr_trl.GRPOTrainer(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
     trainer.train()
     assert trainer.state.global_step == 3 and trainer.stop_reason == ""  # the alarm alone does not stop
+
+
+@pytest.mark.parametrize("kwargs, meant", [({"avspo_alpha": 0.5}, "virtual_sample_alpha"),
+                                           ({"acr_tau_init": 0.3}, "acr_threshold_init"),
+                                           ({"acr_windw": 3}, "acr_window")])  # fmt: skip
+def test_an_unknown_keyword_names_the_field_it_likely_meant(assets, kwargs, meant):
+    """What --avspo.alpha and --acr.tau_init suggest in TRL's spelling: a TypeError that points to the
+    one spelling of those options (or, for a typo, the closest field)."""
+    with pytest.raises(TypeError, match=f"unexpected keyword argument {next(iter(kwargs))!r}; did you mean {meant!r}"):
+        acr_trl.GRPOConfig(**kwargs, **common(assets, "typo"))

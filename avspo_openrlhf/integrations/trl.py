@@ -309,6 +309,37 @@ class GRPOConfig(_FlatOptions):
             )
 
 
+def _did_you_mean(name: str) -> str:
+    """The field an unknown keyword most likely meant: the one spelling of an option whose name in the
+    other front-ends differs (``avspo_alpha`` -> ``virtual_sample_alpha``), else the closest field."""
+    import difflib
+
+    for (owner, key), alias in ALIASES.items():
+        if name in (f"{owner}_{key}", key):
+            return alias
+    close = difflib.get_close_matches(name, [f.name for f in dataclasses.fields(GRPOConfig)], n=1, cutoff=0.75)
+    return close[0] if close else ""
+
+
+def _checked_init(init):
+    """GRPOConfig's dataclass __init__, an unknown keyword refused with the field it likely meant."""
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        known = {f.name for f in dataclasses.fields(type(self))}
+        for name in kwargs:
+            if name not in known:
+                hint = _did_you_mean(name)
+                raise TypeError(f"GRPOConfig got an unexpected keyword argument {name!r}"
+                                + (f"; did you mean {hint!r}?" if hint else ""))  # fmt: skip
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+GRPOConfig.__init__ = _checked_init(GRPOConfig.__init__)
+
+
 def _configs(args):
     """``(remedy, remedy config, ACRConfig, MonitorConfig)`` an (our or TRL's own) ``GRPOConfig``
     describes; TRL's own config measures only. The typed fields set (not None) are ``given``: the

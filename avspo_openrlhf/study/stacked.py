@@ -47,12 +47,16 @@ class StackedConfig:
             raise ValueError(f"the stacked engine's MLP is SwiGLU (silu), got {config.hidden_act!r}")
         rope = getattr(config, "rope_parameters", None) or {}
         if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"the stacked engine's rotary positions are the default ones, got {rope.get('rope_type')!r}")
+            raise ValueError(
+                f"the stacked engine's rotary positions are the default ones, got {rope.get('rope_type')!r}"
+            )
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
         if config.num_attention_heads % config.num_key_value_heads:
-            raise ValueError(f"{config.num_attention_heads} heads are not a multiple of {config.num_key_value_heads} kv heads")
+            raise ValueError(
+                f"{config.num_attention_heads} heads are not a multiple of {config.num_key_value_heads} kv heads"
+            )
         return cls(vocab=config.vocab_size, hidden=config.hidden_size, layers=config.num_hidden_layers,
                    heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=head_dim,
                    intermediate=config.intermediate_size, eps=float(config.rms_norm_eps), rope_theta=float(theta),
@@ -108,7 +112,9 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _rope(pos: torch.Tensor, cfg: StackedConfig, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin ``[..., head_dim]`` of the default rotary embedding at positions ``pos``."""
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=pos.device, dtype=torch.float32) / cfg.head_dim))
+    inv = 1.0 / (
+        cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, device=pos.device, dtype=torch.float32) / cfg.head_dim)
+    )
     freqs = pos.float()[..., None] * inv
     emb = torch.cat([freqs, freqs], -1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -164,7 +170,7 @@ def forward(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Tens
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
         h = _rms_norm(x, params[p + "input_layernorm.weight"], cfg.eps)
-        qb, kb, vb = ((params[p + f"self_attn.{x}_proj.bias"] for x in "qkv") if cfg.qkv_bias else (None,) * 3)
+        qb, kb, vb = (params[p + f"self_attn.{x}_proj.bias"] for x in "qkv") if cfg.qkv_bias else (None,) * 3
         q = _linear(h, params[p + "self_attn.q_proj.weight"], qb)
         k = _linear(h, params[p + "self_attn.k_proj.weight"], kb)
         v = _linear(h, params[p + "self_attn.v_proj.weight"], vb)
@@ -308,4 +314,3 @@ class StackedAdamW:
 def per_run_uniforms(generators: list[torch.Generator], shape: tuple[int, ...], device=None) -> torch.Tensor:
     """``[K, *shape]`` uniforms, run k's from its own generator (a draw per run, not per token)."""
     return torch.stack([torch.rand(shape, generator=g) for g in generators]).to(device)
-
