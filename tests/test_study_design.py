@@ -208,7 +208,7 @@ def test_two_arms_with_one_seed_draw_the_same_sampling_numbers_at_every_step(ass
     first generation round from the same random state; with the same weights, the same tokens."""
     drawn: dict[str, dict[int, torch.Tensor]] = {}
     ids: dict[str, torch.Tensor] = {}
-    real_rollout, real_generate = loop.Run._rollout, loop.Policy.generate
+    real_rollout, real_generate = loop.Run._rollout_g, loop.Policy.generate
     where = {}
 
     def rollout(self):
@@ -225,7 +225,7 @@ def test_two_arms_with_one_seed_draw_the_same_sampling_numbers_at_every_step(ass
             ids[where["arm"]] = ro.ids.clone()
         return ro
 
-    monkeypatch.setattr(loop.Run, "_rollout", rollout)
+    monkeypatch.setattr(loop.Run, "_rollout_g", rollout)
     monkeypatch.setattr(loop.Policy, "generate", generate)
     for name, arm in (("GRPO", Arm("grpo")), ("AVSPO", Arm("avspo")), ("DAPO-DS", Arm("grpo", dynamic=True))):
         where.clear()

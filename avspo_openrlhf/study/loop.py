@@ -169,6 +169,9 @@ class Settings:
     grad_clip: float = 1.0
     dtype: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; or bf16 / fp32
     max_steps: int = 10_000  # a budget that is never reached (empty completions) stops here
+    # process: one run per process, its own transformers model; stacked: K runs in one process, their
+    # weights stacked (study/engine.py). Part of the settings hash: the two sample with other random numbers
+    engine: str = "process"
 
     def __post_init__(self):
         for name in ("group_size", "prompts_per_step", "max_new_tokens", "token_budget", "dynamic_max_rounds",
@@ -186,6 +189,9 @@ class Settings:
         _require(self.grad_clip > 0, f"Settings.grad_clip must be > 0, got {self.grad_clip}")
         _require(
             self.dtype in ("auto", "bf16", "fp32"), f"Settings.dtype must be auto, bf16 or fp32, got {self.dtype!r}"
+        )
+        _require(
+            self.engine in ("process", "stacked"), f"Settings.engine must be process or stacked, got {self.engine!r}"
         )
         _require(self.template in TEMPLATES, f"Settings.template must be one of {TEMPLATES}, got {self.template!r}")
         _require(self.reward in ("arith", "math") or ":" in self.reward,
@@ -383,50 +389,76 @@ class Rollout:
 
 
 class Policy:
-    """The model, its tokenizer and how this run computes with it."""
+    """The model (when ``load_model``), its tokenizer and how this run computes with it. Without the
+    model (the stacked engine holds the weights of many runs) it still encodes prompts and turns
+    sampled completions into a :class:`Rollout`."""
 
-    def __init__(self, model: str, settings: Settings):
+    def __init__(self, model: str, settings: Settings, load_model: bool = True):
+        from transformers import AutoTokenizer
+
         self.device, self.dtype = device_and_dtype(settings)
-        self.model, self.tok, self.eos_ids = load_policy(model, self.device)
+        if load_model:
+            self.model, self.tok, self.eos_ids = load_policy(model, self.device)
+        else:
+            from transformers import GenerationConfig
+
+            self.model = None
+            self.tok = AutoTokenizer.from_pretrained(model, padding_side="left")
+            self.tok.pad_token = self.tok.pad_token or self.tok.eos_token
+            try:
+                eos = GenerationConfig.from_pretrained(model).eos_token_id
+            except OSError:
+                eos = None
+            eos_ids = {*(eos if isinstance(eos, list) else [eos] if eos is not None else []), self.tok.eos_token_id}
+            self.eos_ids = torch.tensor(sorted(eos_ids), device=self.device)
         self.template = settings.template
 
     def autocast(self):
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
+    def chats(self, problems: list[str]) -> list[str]:
+        tok = self.tok
+        return [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+                for p in (make_prompt(q, self.template) for q in problems)]  # fmt: skip
+
+    def encode(self, problems: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and attention mask ``[P, Lp]`` on the run's device."""
+        enc = self.tok(self.chats(problems), return_tensors="pt", padding=True).to(self.device)
+        return enc["input_ids"], enc["attention_mask"]
+
+    def rollout(self, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Rollout:
+        """A :class:`Rollout` from sampled parts ``(prompt ids [B, Lp], prompt mask [B, Lp], completion
+        [B, T])`` (prompts left-padded, completions padded after their EOS), merged in order."""
+        tok = self.tok
+        width_p = max(p.shape[1] for p, _, _ in parts)
+        width_c = max(c.shape[1] for _, _, c in parts)
+        ids, attn, mask, trunc = [], [], [], []
+        for p, a, c in parts:
+            m = completion_mask(c, self.eos_ids)
+            trunc.append(~torch.isin(c, self.eos_ids).any(-1))
+            left, right = width_p - p.shape[1], width_c - c.shape[1]
+            ids.append(torch.cat([torch.nn.functional.pad(p, (left, 0), value=tok.pad_token_id),
+                                  torch.nn.functional.pad(c, (0, right), value=tok.pad_token_id)], 1))  # fmt: skip
+            attn.append(torch.cat([torch.nn.functional.pad(a, (left, 0)), torch.nn.functional.pad(m, (0, right))], 1))
+            mask.append(torch.nn.functional.pad(m, (0, right)))
+        ids, attn, mask = torch.cat(ids), torch.cat(attn), torch.cat(mask)
+        texts = tok.batch_decode(ids[:, width_p:] * mask + tok.pad_token_id * (1 - mask), skip_special_tokens=True)
+        return Rollout(ids, attn, mask, texts, torch.cat(trunc).cpu())
+
     @torch.no_grad()
     def generate(self, problems: list[str], n: int, max_new_tokens: int, temperature: float, batch: int) -> Rollout:
         """``n`` sampled completions of each problem, ``batch`` sequences per ``generate`` call."""
-        tok = self.tok
-        chats = [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                 for p in (make_prompt(q, self.template) for q in problems)]  # fmt: skip
         per_call = max(1, batch // n)
         parts = []
         self.model.eval()
-        for i in range(0, len(chats), per_call):
-            enc = tok(chats[i : i + per_call], return_tensors="pt", padding=True).to(self.device)
+        for i in range(0, len(problems), per_call):
+            ids, attn = self.encode(problems[i : i + per_call])
             with self.autocast():
-                out = self.model.generate(**enc, do_sample=True, temperature=temperature, top_p=1.0, top_k=0,
-                                          max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                          pad_token_id=tok.pad_token_id)  # fmt: skip
-            plen = enc["input_ids"].shape[1]
-            comp = out[:, plen:]
-            mask = completion_mask(comp, self.eos_ids)
-            attn = torch.cat([enc["attention_mask"].repeat_interleave(n, 0), mask], 1)
-            parts.append((out, attn, mask, ~torch.isin(comp, self.eos_ids).any(-1)))
-        width_p = max(p[0].shape[1] - p[2].shape[1] for p in parts)
-        width_c = max(p[2].shape[1] for p in parts)
-        truncated = torch.cat([p[3] for p in parts]).cpu()
-        parts = [p[:3] for p in parts]
-
-        def pad(t: torch.Tensor, plen: int, value: int) -> torch.Tensor:  # prompts left, completions right
-            left, right = width_p - plen, width_c - (t.shape[1] - plen)
-            return torch.nn.functional.pad(t, (left, right), value=value)
-
-        ids = torch.cat([pad(o, o.shape[1] - m.shape[1], tok.pad_token_id) for o, _, m in parts])
-        attn = torch.cat([pad(a, a.shape[1] - m.shape[1], 0) for _, a, m in parts])
-        mask = torch.cat([torch.nn.functional.pad(m, (0, width_c - m.shape[1])) for _, _, m in parts])
-        texts = tok.batch_decode(ids[:, width_p:] * mask + tok.pad_token_id * (1 - mask), skip_special_tokens=True)
-        return Rollout(ids, attn, mask, texts, truncated)
+                out = self.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
+                                          top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, num_return_sequences=n,
+                                          pad_token_id=self.tok.pad_token_id)  # fmt: skip
+            parts.append((ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), out[:, ids.shape[1] :]))
+        return self.rollout(parts)
 
     def logprobs_entropy(self, ids: torch.Tensor, attn: torch.Tensor, width_c: int, entropy: bool,
                          temperature: float, autocast: bool = True):  # fmt: skip
@@ -437,6 +469,122 @@ class Policy:
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
                                 logits_to_keep=width_c + 1).logits[:, :-1]  # fmt: skip
         return token_logprobs_entropy(logits, ids[:, -width_c:], temperature, entropy)
+
+
+# ── what a run asks of its engine ──
+
+
+@dataclass
+class Generate:
+    """Sample ``n`` completions of each problem at ``temperature``, ``max_new_tokens`` at most, with
+    the random numbers of ``seed`` alone (common random numbers), ``batch`` sequences per call."""
+
+    problems: list[str]
+    n: int
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    batch: int
+
+
+@dataclass
+class Update:
+    """One optimizer step on - mean over completion tokens of A * log pi_T (token advantages added
+    for a token-level estimator: ``sign`` the rows' zero-variance signs). The engine answers with the
+    step's metrics, and ``diagnosis`` when the gradient was not finite (the step then skipped)."""
+
+    ro: Rollout
+    adv: torch.Tensor  # [B]
+    sign: torch.Tensor | None  # [B]
+
+
+class HFEngine:
+    """One run's engine: its own transformers model and torch AdamW (the process-per-run engine)."""
+
+    def __init__(self, spec: RunSpec, controller):
+        s = spec.settings
+        self.settings, self.controller = s, controller
+        self.policy = Policy(spec.model, s)
+        lr = spec.arm.lr if spec.arm.lr is not None else s.lr
+        self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    def serve(self, req):
+        if isinstance(req, Generate):
+            devices = [self.policy.device] if self.policy.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(req.seed)
+                return self.policy.generate(req.problems, req.n, req.max_new_tokens, req.temperature, req.batch)
+        return self._update(req)
+
+    def model_state(self) -> dict:
+        return self.policy.model.state_dict()
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_states(self, model: dict, optimizer: dict) -> None:
+        self.policy.model.load_state_dict(model)
+        self.optimizer.load_state_dict(optimizer)
+
+    def _backward(self, ro: Rollout, adv: torch.Tensor, sign: torch.Tensor | None, autocast: bool = True) -> dict:
+        """The gradient of - mean over completion tokens of A * log pi_T (token advantages added for a
+        token-level estimator), micro-batched with the whole batch's token count as the divisor."""
+        s, ctrl = self.settings, self.controller
+        width_c = ro.mask.shape[1]
+        mask = ro.mask.float()
+        total = mask.sum().clamp_min(1.0)
+        out = {"loss": 0.0, "entropy_sum": 0.0, "tok_adv_sum": 0.0, "loss_finite": True, "logprobs_finite": True,
+               "entropy_finite": True}  # fmt: skip
+        self.optimizer.zero_grad(set_to_none=True)
+        for i in range(0, ro.ids.shape[0], s.micro_batch):
+            sl = slice(i, i + s.micro_batch)
+            lp, ent = self.policy.logprobs_entropy(ro.ids[sl], ro.attn[sl], width_c, True, s.temperature, autocast)
+            m = mask[sl]
+            a = adv[sl, None].expand_as(lp)
+            if ctrl.needs_entropy:
+                tok_adv = ctrl.token_advantages(ent, m, sign[sl].to(ent.device))
+                a = a + tok_adv
+                out["tok_adv_sum"] += float((tok_adv.abs() * m).sum())
+            # masked positions multiply by 0: a non-finite value there would still poison the sum
+            loss = -torch.where(m > 0, a.detach() * lp, 0.0).sum() / total
+            loss.backward()
+            out["loss"] += float(loss.detach())
+            out["entropy_sum"] += float(torch.where(m > 0, ent, 0.0).sum())
+            out["loss_finite"] &= bool(torch.isfinite(loss))
+            out["logprobs_finite"] &= bool(torch.isfinite(lp[m > 0]).all())
+            out["entropy_finite"] &= bool(torch.isfinite(ent[m > 0]).all())
+        out["total"] = float(total)
+        return out
+
+    def _update(self, req: Update) -> dict:
+        """One AdamW step, or none when the gradient is not finite: the step is skipped, and what was
+        not finite diagnosed (the forward's outputs, the first parameters whose gradient is not
+        finite, whether the gradient computed without autocast is finite: a bf16 effect or not)."""
+        s = self.settings
+        self.policy.model.train()
+        adv = req.adv.reshape(-1).to(self.policy.device)
+        b = self._backward(req.ro, adv, req.sign)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), s.grad_clip)
+        out = {"loss": b["loss"], "entropy": b["entropy_sum"] / b["total"], "grad_norm": float(grad_norm),
+               "update_skipped": 0}  # fmt: skip
+        if self.controller.needs_entropy:
+            out["token_adv_abs_mean"] = b["tok_adv_sum"] / b["total"]
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+            return out
+        bad = [
+            n
+            for n, p in self.policy.model.named_parameters()
+            if p.grad is not None and not torch.isfinite(p.grad).all()
+        ]
+        diag = {"loss_finite": b["loss_finite"], "logprobs_finite": b["logprobs_finite"],
+                "entropy_finite": b["entropy_finite"], "nonfinite_grads": len(bad), "first_nonfinite_grads": bad[:5]}  # fmt: skip
+        if self.policy.dtype != torch.float32:
+            fp32 = self._backward(req.ro, adv, req.sign, autocast=False)
+            norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), float("inf"))
+            diag.update(fp32_grad_finite=bool(torch.isfinite(norm)), fp32_loss_finite=fp32["loss_finite"])
+        self.optimizer.zero_grad(set_to_none=True)
+        return {**out, "update_skipped": 1, "diagnosis": diag}
 
 
 def token_logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):
@@ -534,13 +682,10 @@ def tensorboard_writer(folder: Path):
 # ── evaluation ──
 
 
-def evaluate(policy: Policy, rows: list[dict], n: int, s: Settings, score, seed: int) -> dict[str, float]:
+def evaluate(rows: list[dict], n: int, s: Settings, score, seed: int):
     """Per-problem accuracy over ``n`` samples (``unique_id -> correct / n``), under its own seed and
-    outside the training random stream."""
-    devices = [policy.device] if policy.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        ro = policy.generate([r["problem"] for r in rows], n, s.max_new_tokens, s.eval_temperature, s.gen_batch)
+    outside the training random stream (a generator of one :class:`Generate` request)."""
+    ro = yield Generate([r["problem"] for r in rows], n, s.max_new_tokens, s.eval_temperature, seed, s.gen_batch)
     correct = torch.tensor(score(ro.texts, [str(r["answer"]) for r in rows for _ in range(n)])).view(len(rows), n)
     return {r["unique_id"]: float(c) for r, c in zip(rows, correct.mean(1).tolist())}
 
@@ -549,9 +694,14 @@ def evaluate(policy: Policy, rows: list[dict], n: int, s: Settings, score, seed:
 
 
 class Run:
-    """One (method, seed) run: :meth:`train` to the budget, then the held-out evaluation."""
+    """One (method, seed) run: :meth:`train` to the budget, then the held-out evaluation.
 
-    def __init__(self, spec: RunSpec, run_dir: Path):
+    Its logic asks its engine for what needs the model (:class:`Generate`, :class:`Update`): the
+    ``*_g`` methods are generators of those requests, so the same run is driven by its own engine
+    (:class:`HFEngine`, the default: :meth:`step`, :meth:`train`, :meth:`result`) or, beside K - 1
+    others, by the stacked engine (``study/engine.py``), with the same semantics."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path, engine=None):
         self.spec, self.dir, s = spec, Path(run_dir), spec.settings
         lock_folder(
             str(self.dir), "study run"
@@ -560,15 +710,15 @@ class Run:
         self.train_rows, self.heldout_rows = read_rows(spec.train), read_rows(spec.heldout)
         random.seed(spec.seed)
         torch.manual_seed(spec.seed)
-        self.policy = Policy(spec.model, s)
         self.score = reward_function(s.reward)
         self.format_score = format_reward(s.reward) if spec.arm.reward == "format" else None
         arm = spec.arm
         self.lr = arm.lr if arm.lr is not None else s.lr
-        self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=self.lr, betas=(0.9, 0.95),
-                                           weight_decay=0.0)  # fmt: skip
         self.controller = CollapseController(arm.estimator, arm.estimator_config(), acr=ACRConfig(**s.acr),
                                              seed=spec.seed)  # fmt: skip
+        self.engine = engine if engine is not None else HFEngine(spec, self.controller)
+        self.policy = self.engine.policy  # the tokenizer (and, with its own engine, the model)
+        self.optimizer = getattr(self.engine, "optimizer", None)
         self.greso = None
         if arm.greso is not None:
             self.greso = GRESOSelector(GRESOConfig(**arm.greso), acr=self.controller.acr, seed=spec.seed)
@@ -578,6 +728,15 @@ class Run:
                       "skipped_updates": 0, "nonfinite": [], "train_s": 0.0, "curve": [], "mid_evals": [],
                       "resumed": 0}  # fmt: skip
         self._resume()
+
+    def _drive(self, requests):
+        """Run a generator of requests to its end with this run's own engine; its return value."""
+        try:
+            req = next(requests)
+            while True:
+                req = requests.send(self.engine.serve(req))
+        except StopIteration as done:
+            return done.value
 
     # ── checkpoints ──
 
@@ -593,8 +752,7 @@ class Run:
         if not path.exists():
             return
         ck = torch.load(path, map_location="cpu", weights_only=False)
-        self.policy.model.load_state_dict(ck["model"])
-        self.optimizer.load_state_dict(ck["optimizer"])
+        self.engine.load_states(ck["model"], ck["optimizer"])
         self.controller.load_state_dict(ck["controller"])
         if self.greso is not None:
             self.greso.load_state_dict(ck["greso"])
@@ -603,7 +761,7 @@ class Run:
         _set_rng_state(ck["rng"], self.policy.device)
 
     def _checkpoint(self) -> None:
-        ck = {"model": self.policy.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        ck = {"model": self.engine.model_state(), "optimizer": self.engine.optimizer_state(),
               "controller": self.controller.state_dict(), "greso": self.greso.state_dict() if self.greso else None,
               "stream": self.stream.state_dict(), "state": self.state, "rng": _rng_state(self.policy.device)}  # fmt: skip
         tmp = self.dir / "ckpt.pt.tmp"
@@ -640,7 +798,7 @@ class Run:
             return torch.tensor(self.format_score(ro.texts), dtype=torch.float32).view(len(idx), G), task
         return task, task
 
-    def _rollout(self) -> tuple[Rollout | None, list[int], torch.Tensor, torch.Tensor, dict]:
+    def _rollout_g(self):
         """Generate, score and (DAPO-DS) filter/refill: the groups to train on, their rewards, and what
         the step generated (tokens, groups, collapsed groups, completions, truncated completions)."""
         s, arm, st = self.spec.settings, self.spec.arm, self.state
@@ -653,9 +811,8 @@ class Run:
                 break  # DAPO-DS starts no refill round past the budget: it overshoots by one round at most
             idx = self._prompts(P)
             # common random numbers: this round's sampling is a function of (seed, step, round) only
-            torch.manual_seed(sampling_seed(self.spec.seed, st["step"], round_))
-            ro = self.policy.generate([self.train_rows[i]["problem"] for i in idx], G, s.max_new_tokens,
-                                      s.temperature, s.gen_batch)  # fmt: skip
+            ro = yield Generate([self.train_rows[i]["problem"] for i in idx], G, s.max_new_tokens, s.temperature,
+                                sampling_seed(self.spec.seed, st["step"], round_), s.gen_batch)  # fmt: skip
             rewards, task = self._rewards(ro, idx, round_)
             collapsed = collapse_stats(rewards, acr.tol, tuple(acr.reward_range)).collapsed
             for k, v in (
@@ -702,86 +859,30 @@ class Run:
         idx = [i for k in kept for i in k[2]]
         return merged, idx, torch.cat([k[3] for k in kept]), torch.cat([k[4] for k in kept]), gen
 
-    def _backward(self, ro: Rollout, adv: torch.Tensor, sign: torch.Tensor | None, autocast: bool = True) -> dict:
-        """The gradient of - mean over completion tokens of A * log pi_T (token advantages added for a
-        token-level estimator), micro-batched with the whole batch's token count as the divisor."""
-        s, ctrl = self.spec.settings, self.controller
-        width_c = ro.mask.shape[1]
-        mask = ro.mask.float()
-        total = mask.sum().clamp_min(1.0)
-        out = {"loss": 0.0, "entropy_sum": 0.0, "tok_adv_sum": 0.0, "loss_finite": True, "logprobs_finite": True,
-               "entropy_finite": True}  # fmt: skip
-        self.optimizer.zero_grad(set_to_none=True)
-        for i in range(0, ro.ids.shape[0], s.micro_batch):
-            sl = slice(i, i + s.micro_batch)
-            lp, ent = self.policy.logprobs_entropy(ro.ids[sl], ro.attn[sl], width_c, True, s.temperature, autocast)
-            m = mask[sl]
-            a = adv[sl, None].expand_as(lp)
-            if ctrl.needs_entropy:
-                tok_adv = ctrl.token_advantages(ent, m, sign[sl].to(ent.device))
-                a = a + tok_adv
-                out["tok_adv_sum"] += float((tok_adv.abs() * m).sum())
-            # masked positions multiply by 0: a non-finite value there would still poison the sum
-            loss = -torch.where(m > 0, a.detach() * lp, 0.0).sum() / total
-            loss.backward()
-            out["loss"] += float(loss.detach())
-            out["entropy_sum"] += float(torch.where(m > 0, ent, 0.0).sum())
-            out["loss_finite"] &= bool(torch.isfinite(loss))
-            out["logprobs_finite"] &= bool(torch.isfinite(lp[m > 0]).all())
-            out["entropy_finite"] &= bool(torch.isfinite(ent[m > 0]).all())
-        out["total"] = float(total)
+    def _update_g(self, ro: Rollout, adv: torch.Tensor, rewards: torch.Tensor):
+        """One optimizer step through the engine; a skipped one (non-finite gradient) is counted and
+        its diagnosis kept, with the batch saved beside the run (``nonfinite_step<N>.pt``) to replay."""
+        ctrl, G = self.controller, self.spec.settings.group_size
+        sign = (
+            zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range).repeat_interleave(G)
+            if ctrl.needs_entropy
+            else None
+        )
+        out = yield Update(ro, adv.reshape(-1), sign)
+        diag = out.pop("diagnosis", None)
+        if diag is not None:
+            step = self.state["step"] + 1
+            diag = {"step": step, **diag, "completion_tokens": int(ro.mask.sum()), "truncated": int(ro.truncated.sum()),
+                    "max_prompt_padding": int((ro.attn[:, : ro.attn.shape[1] - ro.mask.shape[1]] == 0).sum(1).max())}  # fmt: skip
+            self.state["nonfinite"].append(diag)
+            torch.save({"ids": ro.ids.cpu(), "attn": ro.attn.cpu(), "mask": ro.mask.cpu(), "adv": adv.cpu(),
+                        "rewards": rewards.cpu(), "diagnosis": diag}, self.dir / f"nonfinite_step{step}.pt")  # fmt: skip
         return out
 
-    def _update(self, ro: Rollout, adv: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:
-        """One AdamW step, or none when the gradient is not finite: then the step is skipped and
-        counted, and what was not finite is diagnosed into the run's record (:meth:`_diagnose`)."""
-        s, ctrl = self.spec.settings, self.controller
-        self.policy.model.train()
-        adv = adv.reshape(-1).to(self.policy.device)
-        sign = (zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range).repeat_interleave(s.group_size)
-                if ctrl.needs_entropy else None)  # fmt: skip
-        b = self._backward(ro, adv, sign)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), s.grad_clip)
-        out = {"loss": b["loss"], "entropy": b["entropy_sum"] / b["total"], "grad_norm": float(grad_norm),
-               "update_skipped": 0}  # fmt: skip
-        if ctrl.needs_entropy:
-            out["token_adv_abs_mean"] = b["tok_adv_sum"] / b["total"]
-        if not torch.isfinite(grad_norm):
-            self.state["nonfinite"].append(self._diagnose(ro, adv, rewards, sign, b))
-            self.optimizer.zero_grad(set_to_none=True)
-            out["update_skipped"] = 1
-            return out
-        self.optimizer.step()
-        return out
-
-    def _diagnose(self, ro: Rollout, adv, rewards, sign, b: dict) -> dict:
-        """What was not finite in a skipped step: the forward's outputs, the parameters whose gradient
-        is not finite (the first ones, by name), and whether the same batch's gradient is finite when
-        computed without autocast (a bf16 effect) or not (the data or the weights). The batch itself is
-        saved beside the run (``nonfinite_step<N>.pt``) to replay it."""
-        step = self.state["step"] + 1
-        bad = [
-            n
-            for n, p in self.policy.model.named_parameters()
-            if p.grad is not None and not torch.isfinite(p.grad).all()
-        ]
-        diag = {"step": step, "loss_finite": b["loss_finite"], "logprobs_finite": b["logprobs_finite"],
-                "entropy_finite": b["entropy_finite"], "nonfinite_grads": len(bad), "first_nonfinite_grads": bad[:5],
-                "completion_tokens": int(ro.mask.sum()), "truncated": int(ro.truncated.sum()),
-                "max_prompt_padding": int((ro.attn[:, : ro.attn.shape[1] - ro.mask.shape[1]] == 0).sum(1).max())}  # fmt: skip
-        if self.policy.dtype != torch.float32:
-            fp32 = self._backward(ro, adv, sign, autocast=False)
-            norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), float("inf"))
-            diag.update(fp32_grad_finite=bool(torch.isfinite(norm)), fp32_loss_finite=fp32["loss_finite"])
-        batch = {"ids": ro.ids.cpu(), "attn": ro.attn.cpu(), "mask": ro.mask.cpu(), "adv": adv.cpu(),
-                 "rewards": rewards.cpu(), "diagnosis": diag}  # fmt: skip
-        torch.save(batch, self.dir / f"nonfinite_step{step}.pt")
-        return diag
-
-    def step(self) -> dict:
+    def step_g(self):
         st, ctrl = self.state, self.controller
         t0 = time.perf_counter()
-        ro, idx, rewards, task, gen = self._rollout()
+        ro, idx, rewards, task, gen = yield from self._rollout_g()
         st["tokens"] += gen["tokens"]
         st["groups_generated"] += gen["groups"]
         st["groups_collapsed_generated"] += gen["collapsed"]
@@ -807,15 +908,20 @@ class Run:
                 signal |= zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range) != 0
             st["groups_trained"] += len(idx)
             st["groups_signal"] += int(signal.sum())
+            update = yield from self._update_g(ro, adv, rewards)
             row.update(reward=float(rewards.mean()), task_reward=float(task.mean()), acr=metrics["acr"],
                        acr_all_wrong=metrics["acr_all_wrong"], acr_all_right=metrics["acr_all_right"],
                        acr_effective=metrics["acr_effective"], gate_open=metrics.get("gate_open", 0.0),
-                       groups_signal=int(signal.sum()), **self._update(ro, adv, rewards))  # fmt: skip
+                       groups_signal=int(signal.sum()), **update)  # fmt: skip
         st["step"] += 1
         st["train_s"] += time.perf_counter() - t0
         row["wall_s"] = st["train_s"]
         st["curve"].append(row)
         return row
+
+    def step(self) -> dict:
+        """One step with this run's own engine."""
+        return self._drive(self.step_g())
 
     def milestones(self) -> list[int]:
         """The generated-token milestones of the mid-run evaluations: every ``mid_eval_tokens`` up to
@@ -823,7 +929,7 @@ class Run:
         s = self.spec.settings
         return list(range(0, s.token_budget + 1, s.mid_eval_tokens)) if s.mid_eval_tokens else []
 
-    def _mid_eval(self) -> None:
+    def _mid_eval_g(self):
         """Held-out pass@1 on the first ``mid_eval_problems`` problems at n = 2, at every milestone the
         generated tokens reached since the last one (one evaluation, each milestone's seed its own:
         the same in every arm)."""
@@ -833,41 +939,48 @@ class Run:
         if not due:
             return
         rows = self.heldout_rows[: s.mid_eval_problems]
-        per = evaluate(self.policy, rows, 2, s, self.score, self.spec.seed + 104_729 + due[-1])
+        per = yield from evaluate(rows, 2, s, self.score, self.spec.seed + 104_729 + due[-1])
         pass1 = level_mean(per, rows)
         st["mid_evals"] += [{"milestone": m, "tokens": st["tokens"], "step": st["step"], "pass1": pass1} for m in due]
 
-    def train(self, log: Callable[[str], None] = print) -> None:
+    def train_g(self, log: Callable[[str], None] = print):
         s, st = self.spec.settings, self.state
-        self._mid_eval()  # milestone 0: the model before training
+        yield from self._mid_eval_g()  # milestone 0: the model before training
         # the steps so far, one JSON line each, for watching a run live (TensorBoard too, where installed);
         # rewritten from the checkpoint's curve on resume, so a step after the checkpoint is not there twice
         atomic_write(self.dir / "metrics.jsonl", "".join(json.dumps(c) + "\n" for c in st["curve"]))
         tb = tensorboard_writer(self.dir / "tensorboard")
-        while st["tokens"] < s.token_budget and st["step"] < s.max_steps:
-            row = self.step()
-            with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+        try:
+            while st["tokens"] < s.token_budget and st["step"] < s.max_steps:
+                row = yield from self.step_g()
+                with open(self.dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
+                if tb is not None:
+                    for k, v in row.items():
+                        if isinstance(v, (int, float)) and k != "step":
+                            tb.add_scalar(f"train/{k}", v, global_step=row["tokens"])
+                skipped = (
+                    " (update skipped: non-finite gradient)"
+                    if row.get("update_skipped") and row["groups_trained"]
+                    else ""
+                )
+                log(f"step {row['step']} tokens {row['tokens']}/{s.token_budget} reward {row['task_reward']:.3f} "
+                    f"acr {row['acr']:.2f} acr_effective {row['acr_effective']:.2f} {row['wall_s']:.0f}s{skipped}")  # fmt: skip
+                yield from self._mid_eval_g()
+                if s.ckpt_every and st["step"] % s.ckpt_every == 0:
+                    self._checkpoint()
+        finally:
             if tb is not None:
-                for k, v in row.items():
-                    if isinstance(v, (int, float)) and k != "step":
-                        tb.add_scalar(f"train/{k}", v, global_step=row["tokens"])
-            skipped = (
-                " (update skipped: non-finite gradient)" if row.get("update_skipped") and row["groups_trained"] else ""
-            )
-            log(f"step {row['step']} tokens {row['tokens']}/{s.token_budget} reward {row['task_reward']:.3f} "
-                f"acr {row['acr']:.2f} acr_effective {row['acr_effective']:.2f} {row['wall_s']:.0f}s{skipped}")  # fmt: skip
-            self._mid_eval()
-            if s.ckpt_every and st["step"] % s.ckpt_every == 0:
-                self._checkpoint()
-        if tb is not None:
-            tb.close()
+                tb.close()
 
-    def result(self) -> dict:
+    def train(self, log: Callable[[str], None] = print) -> None:
+        self._drive(self.train_g(log))
+
+    def result_g(self):
         """The run's record: what the study's tables and its paired statistics read."""
         s, st = self.spec.settings, self.state
         t0 = time.perf_counter()
-        per = evaluate(self.policy, self.heldout_rows, s.eval_n, s, self.score, self.spec.seed + 15_485_863) \
+        per = (yield from evaluate(self.heldout_rows, s.eval_n, s, self.score, self.spec.seed + 15_485_863)) \
             if s.final_eval else {}  # fmt: skip
         levels: dict[str, list[float]] = {}
         for r in self.heldout_rows:
@@ -900,9 +1013,23 @@ class Run:
             "eval_n": s.eval_n, "acr_raw": avg("acr"), "acr_effective": avg("acr_effective"),
             "acr_all_wrong": avg("acr_all_wrong"), "acr_all_right": avg("acr_all_right"),
             "curve": st["curve"], "mid_evals": st["mid_evals"], "train_s": st["train_s"],
-            "eval_s": time.perf_counter() - t0, "resumed": st["resumed"],
+            "eval_s": time.perf_counter() - t0, "resumed": st["resumed"], "engine": s.engine,
             "device": device_name(dev), "precision": precision, "torch": torch.__version__,
         }  # fmt: skip
+
+    def result(self) -> dict:
+        return self._drive(self.result_g())
+
+    def life_g(self, log: Callable[[str], None] = print):
+        """The whole run: train to the budget, evaluate, write ``result.json`` (the checkpoint is then
+        deleted: the result is final)."""
+        if self.state["step"]:
+            log(f"resumed at step {self.state['step']} ({self.state['tokens']} tokens)")
+        yield from self.train_g(log)
+        res = yield from self.result_g()
+        atomic_write(self.dir / "result.json", json.dumps(res, indent=1))
+        (self.dir / "ckpt.pt").unlink(missing_ok=True)
+        return res
 
 
 def level_mean(per: dict[str, float], rows: list[dict]) -> float:
@@ -923,13 +1050,7 @@ def run(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = print) -> dic
     if (run_dir / "result.json").exists():
         return json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     r = Run(spec, run_dir)
-    if r.state["step"]:
-        log(f"resumed at step {r.state['step']} ({r.state['tokens']} tokens)")
-    r.train(log)
-    res = r.result()
-    atomic_write(run_dir / "result.json", json.dumps(res, indent=1))
-    (run_dir / "ckpt.pt").unlink(missing_ok=True)  # the result is final: the weights are not kept
-    return res
+    return r._drive(r.life_g(log))
 
 
 def main(argv: list[str] | None = None) -> int:
