@@ -35,3 +35,11 @@ def parity_then_hang(completion: str, answer: str) -> float:
 def ten(completion: str, answer: str) -> float:
     """:func:`parity` on a 0..10 scale: outside the default reward range (0, 1)."""
     return 10.0 * parity(completion, answer)
+
+
+def explode_on_999(completion: str, answer: str) -> float:
+    """:func:`half_collapsed`, but a problem whose answer is 999 raises: a run whose data holds one
+    fails mid-run (the others, sharing its settings, do not)."""
+    if answer == "999":
+        raise RuntimeError("the verifier crashed on answer 999")
+    return half_collapsed(completion, answer)

@@ -603,7 +603,12 @@ class GPURemediesStudy:
         p.add_argument("--lr-check", action="store_true", help="run the learning-rate check instead (its arms at "
                        "each learning rate of its grid, scored on the validation problems; published under "
                        "<publish>/lr_check)")  # fmt: skip
-        p.add_argument("--k", type=int, default=1, help="runs at once on this device (separate processes)")
+        p.add_argument("--k", type=int, default=1, help="runs at once on this device (separate processes, or one "
+                       "stacked batch with --engine stacked)")  # fmt: skip
+        p.add_argument("--engine", choices=["process", "stacked"], default="process",
+                       help="process: one process per run, its own transformers model; stacked: K runs in one "
+                       "process, their weights stacked (study/engine.py). Runs of the two engines never pair (each "
+                       "samples with its own random numbers): a study keeps one")  # fmt: skip
         p.add_argument("--threads", type=int, help="CPU threads per run (default: the cores / K)")
         p.add_argument("--start-runs-for", type=float, metavar="MIN", help="start no run after this many minutes "
                        "(the runs in flight finish): fits a study into a job's time limit")  # fmt: skip
@@ -642,7 +647,7 @@ class GPURemediesStudy:
                 p.error("--lr-check: this study has no learning-rate check")
             out, published = out / "lr_check", (published / "lr_check" if published else None)
         try:
-            settings = replace(self.settings, **{k: v for k, v in (("token_budget", args.budget),
+            settings = replace(self.settings, engine=args.engine, **{k: v for k, v in (("token_budget", args.budget),
                                                                    ("reward", args.reward)) if v is not None})  # fmt: skip
         except ValueError as e:
             p.error(str(e))
@@ -730,7 +735,7 @@ class GPURemediesStudy:
                 report()
 
         until = time.monotonic() + 60 * args.start_runs_for if args.start_runs_for is not None else None
-        failed = run_jobs(jobs, args.k, threads=args.threads, on_done=on_done, start_until=until)
+        failed = run_jobs(jobs, args.k, threads=args.threads, on_done=on_done, start_until=until, engine=args.engine)
         print(report(), flush=True)
         if failed:
             print(f"[study] {len(failed)} runs failed (rerun to resume them): {', '.join(failed)}", file=sys.stderr)
@@ -751,9 +756,10 @@ class GPURemediesStudy:
             shutil.rmtree(folder, ignore_errors=True)
             return [Job(self.spec(self.base, s, model, data, short), folder / f"{self.base}_seed{s}") for s in range(k)]
 
-        rows = measure_throughput(make_jobs, ks, settings.token_budget)
+        rows = measure_throughput(make_jobs, ks, settings.token_budget, engine=settings.engine)
         one = next(r for r in rows if r["k"] == 1)["tokens_per_s"]
-        lines = [f"Device: {rows[0]['device']}; precision {json.dumps(rows[0]['precision'])}; each run GRPO on the "
+        lines = [f"Device: {rows[0]['device']}; precision {json.dumps(rows[0]['precision'])}; engine {settings.engine}; "
+                 f"each run GRPO on the "
                  f"study's settings, {args.throughput_budget:,} generated tokens, no evaluation; × one run = aggregate "
                  f"generated tokens/s over those of one run alone (K = 1); runs/hour = aggregate generated tokens/s "
                  f"x 3600 / the study's budget ({settings.token_budget:,}), training only.", "",

@@ -1,5 +1,7 @@
 """Many runs of a study at once on one device: K (method, seed) runs, each in its own process
-(``python -m avspo_openrlhf.study.loop``), a new one started as soon as one ends.
+(``python -m avspo_openrlhf.study.loop``), a new one started as soon as one ends; or, with
+``engine="stacked"``, K runs in one process of the stacked engine (``study/engine.py``), batch after
+batch.
 
 Separate processes, not threads or one batched model: each run keeps its own CUDA context, random
 streams and checkpoint, a crash ends one run, and a run is the same computation whether it ran
@@ -57,6 +59,26 @@ def _start(job: Job, threads: int, env: dict[str, str]) -> subprocess.Popen:
         log.close()  # the child holds its own copy
 
 
+def _start_batch(batch: list[Job], threads: int, env: dict[str, str]) -> subprocess.Popen:
+    """K runs in one process of the stacked engine (``study/engine.py``); its output in the first
+    run's folder as ``batch.log`` (each run's own lines and traceback go to its ``log.txt``)."""
+    cmd = [sys.executable, "-m", "avspo_openrlhf.study.engine"]
+    for job in batch:
+        job.run_dir.mkdir(parents=True, exist_ok=True)
+        request = job.run_dir / "spec.request.json"
+        atomic_write(request, job.spec.to_json())
+        cmd += [str(request), str(job.run_dir)]
+    child_env = {**os.environ, **env}
+    if threads:
+        child_env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        cmd += ["--threads", str(threads)]
+    log = open(batch[0].run_dir / "batch.log", "a", encoding="utf-8")  # noqa: SIM115 (the child holds its own copy)
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
+    finally:
+        log.close()
+
+
 def default_threads(k: int) -> int:
     """CPU threads per run: the cores shared out among the K runs (at least one)."""
     return max(1, len(os.sched_getaffinity(0)) // max(1, k))
@@ -72,13 +94,17 @@ def run_jobs(
     log: Callable[[str], None] = print,
     poll_s: float = 0.5,
     start_until: float | None = None,
+    engine: str = "process",
 ) -> list[str]:
     """Run ``jobs`` ``k`` at a time; ``on_done(job, returncode)`` after each. No run starts after
     ``start_until`` (a ``time.monotonic()`` value: a job with a time limit lets its last runs finish
     instead of killing them midway). Returns the names of the runs that failed (their ``log.txt``
-    says why; they resume when started again)."""
+    says why; they resume when started again). ``engine="stacked"``: the runs go ``k`` to a process
+    of the stacked engine, one batch at a time (each batch uses the whole device)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    if engine == "stacked":
+        return _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until)
     threads = default_threads(k) if threads is None else threads
     pending = [j for j in jobs if not j.done()]
     running: dict[str, tuple[Job, subprocess.Popen]] = {}
@@ -124,8 +150,49 @@ def run_jobs(
     return failed
 
 
+def _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until) -> list[str]:
+    """The stacked engine's schedule: batches of ``k`` pending runs, one process at a time."""
+    threads = len(os.sched_getaffinity(0)) if threads is None else threads
+    pending = [j for j in jobs if not j.done()]
+    failed: list[str] = []
+    proc: subprocess.Popen | None = None
+    stopping = False
+
+    def stop(signum, _frame):
+        nonlocal stopping
+        stopping = True
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while pending and not stopping:
+            if start_until is not None and time.monotonic() >= start_until:
+                log(f"[study] no new run after the time given: {len(pending)} left for a later call")
+                break
+            batch, pending = pending[:k], pending[k:]
+            log(f"[study] started a batch of {len(batch)} (stacked): {', '.join(j.name for j in batch)}")
+            proc = _start_batch(batch, threads, env or {})
+            while proc.poll() is None:
+                time.sleep(poll_s)
+            for job in batch:
+                if not job.done():
+                    failed.append(job.name)
+                    log(f"[study] {job.name} failed (exit {proc.returncode}): see {job.run_dir / 'log.txt'}")
+                else:
+                    log(f"[study] {job.name} done")
+                if on_done is not None:
+                    on_done(job, proc.returncode if not job.done() else 0)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if stopping:
+        raise KeyboardInterrupt("stopped: every run resumes from its checkpoint when the study is started again")
+    return failed
+
+
 def measure_throughput(make_jobs: Callable[[int], list[Job]], ks: list[int], full_budget: int,
-                       log: Callable[[str], None] = print) -> list[dict]:  # fmt: skip
+                       log: Callable[[str], None] = print, engine: str = "process") -> list[dict]:  # fmt: skip
     """For each K in ``ks``: K training-only runs at once (``make_jobs(K)``, fresh folders), the wall
     time from the first start to the last end and the generated tokens of all of them. A run of the
     study stops at a token budget, so aggregate tokens per second is the unit of throughput; runs per
@@ -134,7 +201,7 @@ def measure_throughput(make_jobs: Callable[[int], list[Job]], ks: list[int], ful
     for k in ks:
         jobs = make_jobs(k)
         t0 = time.perf_counter()
-        failed = run_jobs(jobs, k, log=log)
+        failed = run_jobs(jobs, k, log=log, engine=engine)
         wall = time.perf_counter() - t0
         if failed:
             raise RuntimeError(f"throughput at K={k}: runs failed: {', '.join(failed)}")

@@ -203,14 +203,15 @@ def forward(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Tens
 @torch.no_grad()
 def generate(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Tensor, attn: torch.Tensor,
              uniforms: torch.Tensor, temperature: float, eos_ids: torch.Tensor, pad_id: int,
-             autocast_dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
+             autocast_dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """Sampled completions ``[K, B, T]`` of left-padded prompts ``ids``/``attn`` ``[K, B, Lp]``, T =
     ``uniforms.shape[-1]`` new tokens at most, with a static KV cache.
 
     Token t of sequence (k, b) is the inverse-CDF draw of ``uniforms[k, b, t]`` from softmax(logits /
     temperature): the random numbers are the caller's, one run's drawn from its own generator, so a
     run's tokens do not depend on which runs share the batch. After its first EOS a sequence emits
-    ``pad_id``; generation ends when every sequence has ended."""
+    ``pad_id``; generation ends when every sequence has ended. ``rows`` ``[K, B]`` bool: the real
+    sequences (False: a filler row of a run with fewer sequences, ended from the start)."""
     K, B, Lp = ids.shape
     T = uniforms.shape[-1]
     device = ids.device
@@ -218,7 +219,7 @@ def generate(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Ten
     cache = KVCache(cfg, K * B, Lp + T, device, autocast_dtype or torch.float32)
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
     out = torch.full((K, B, T), pad_id, dtype=ids.dtype, device=device)
-    done = torch.zeros(K, B, dtype=torch.bool, device=device)
+    done = torch.zeros(K, B, dtype=torch.bool, device=device) if rows is None else ~rows.to(device)
     with ctx:
         logits = forward(params, cfg, ids, attn, pos, keep=1, cache=cache)[:, :, -1]
     next_pos = pos[:, :, -1] + 1

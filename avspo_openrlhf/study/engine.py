@@ -1,0 +1,300 @@
+"""K runs of a study in one process, their weights stacked (``study/stacked.py``): each run is the
+study loop's own :class:`~avspo_openrlhf.study.loop.Run` (its controller, prompt stream, GRESO, rewards,
+checkpoints, result), and what needs the model is served for all of them at once.
+
+A run's logic is a generator of requests (``Run.life_g``): :class:`~avspo_openrlhf.study.loop.Generate`
+and :class:`~avspo_openrlhf.study.loop.Update`. The engine collects the pending request of every live
+run; while any run asks to generate, it serves every generation request in one batched generation
+(runs with fewer sequences get filler rows, ended from the start); when every live run asks for an
+update, one batched forward and backward, and one per-run AdamW step. So the runs advance in lockstep:
+a DAPO-DS run that refills waits for no one, and the runs that need no refill wait for its rounds; a
+run that ends early (its budget reached) leaves its slot empty. Every arm keeps its semantics: the
+requests are the same the process-per-run engine serves; a run's sampling draws come from its own
+(seed, step, round) generator, so which runs share a batch changes floating-point rounding only.
+
+A run that raises (a reward out of range, a bad row) is written to its ``log.txt`` with its traceback
+and leaves the batch; the others go on. Each run checkpoints and resumes on its own: a batch started
+again continues every run from its checkpoint.
+
+    python -m avspo_openrlhf.study.engine [--threads N] SPEC.json RUN_DIR [SPEC.json RUN_DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from avspo_openrlhf.study import stacked
+from avspo_openrlhf.study.loop import Generate, Policy, Run, RunSpec, Update, token_logprobs_entropy
+
+
+class RunView:
+    """What a :class:`Run` reads of its engine, for run ``k`` of a :class:`StackedEngine`."""
+
+    def __init__(self, engine: StackedEngine, k: int):
+        self.engine, self.k = engine, k
+        self.policy = engine.shell
+
+    def model_state(self) -> dict:
+        return stacked.unstack(self.engine.params, self.k)
+
+    def optimizer_state(self) -> dict:
+        return self.engine.opt.state_of(self.k)
+
+    def load_states(self, model: dict, optimizer: dict) -> None:
+        with torch.no_grad():
+            for name, p in self.engine.params.items():
+                p[self.k].copy_(model[name].to(p.device, p.dtype))
+        self.engine.opt.load_state_of(self.k, optimizer)
+
+
+class StackedEngine:
+    """K runs with one model and one settings (arm, seed and learning rate may differ)."""
+
+    def __init__(self, specs: list[RunSpec], dirs: list[Path], log=print):
+        if not specs:
+            raise ValueError("the stacked engine needs at least one run")
+        first = specs[0]
+        for spec in specs:
+            if spec.settings != first.settings or spec.model != first.model:
+                raise ValueError(f"{spec.method} seed {spec.seed}: the runs of one batch share the model and the "
+                                 "settings (arm, seed and lr may differ)")  # fmt: skip
+        s = self.settings = first.settings
+        if s.engine != "stacked":
+            raise ValueError(f"Settings.engine is {s.engine!r}: these runs are the process engine's")
+        from transformers import AutoModelForCausalLM
+
+        self.shell = Policy(first.model, s, load_model=False)
+        model = AutoModelForCausalLM.from_pretrained(first.model, dtype=torch.float32)
+        self.cfg = stacked.StackedConfig.from_hf(model.config)
+        state = model.state_dict()
+        del model
+        self.params = stacked.stack([state] * len(specs), self.cfg, self.shell.device)
+        lrs = torch.tensor([spec.arm.lr if spec.arm.lr is not None else s.lr for spec in specs])
+        self.opt = stacked.StackedAdamW(self.params, lrs)
+        self.log = log
+        self.runs: dict[int, Run] = {}
+        self.dirs = [Path(d) for d in dirs]
+        self.failed: dict[int, str] = {}
+        for k, (spec, d) in enumerate(zip(specs, self.dirs)):
+            try:
+                self.runs[k] = Run(spec, d, engine=RunView(self, k))
+            except Exception:
+                self._fail(k, spec)
+
+    def _fail(self, k: int, spec: RunSpec) -> None:
+        text = traceback.format_exc()
+        self.failed[k] = text.strip().splitlines()[-1]
+        with open(self.dirs[k] / "log.txt", "a", encoding="utf-8") as f:
+            f.write(text)
+        self.log(f"[{spec.method} seed {spec.seed}] failed: {self.failed[k]}")
+        self.runs.pop(k, None)
+
+    def _run_log(self, k: int, spec: RunSpec):
+        def log(line: str) -> None:
+            text = f"[{spec.method} seed {spec.seed}] {line}"
+            with open(self.dirs[k] / "log.txt", "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+            self.log(text)
+
+        return log
+
+    # ── the batch ──
+
+    def run(self) -> dict[int, dict]:
+        """Every run to its result (those already finished are read back); returns ``{k: result}``."""
+        import json
+
+        results, lives, pending = {}, {}, {}
+        for k, r in list(self.runs.items()):
+            if (r.dir / "result.json").exists():
+                results[k] = json.loads((r.dir / "result.json").read_text(encoding="utf-8"))
+                continue
+            lives[k] = r.life_g(self._run_log(k, r.spec))
+            self._advance(k, lives, pending, results, None)
+        while pending:
+            gen = {k: q for k, q in pending.items() if isinstance(q, Generate)}
+            answers = self._generate(gen) if gen else self._update(pending)
+            for k, answer in answers.items():
+                self._advance(k, lives, pending, results, answer)
+        return results
+
+    def _advance(self, k: int, lives: dict, pending: dict, results: dict, answer) -> None:
+        pending.pop(k, None)
+        try:
+            pending[k] = next(lives[k]) if answer is None else lives[k].send(answer)
+        except StopIteration as done:
+            results[k] = done.value
+        except Exception:
+            self._fail(k, self.runs[k].spec)
+
+    # ── generation ──
+
+    @torch.no_grad()
+    def _generate(self, requests: dict[int, Generate]) -> dict[int, object]:
+        """Every run's generation request in batched calls (per temperature and length; ``batch``
+        sequences of each run per call), each run's draws from its own seed."""
+        out: dict[int, object] = {}
+        groups: dict[tuple, list[int]] = {}
+        for k, q in requests.items():
+            groups.setdefault((q.max_new_tokens, q.temperature), []).append(k)
+        for (T, temperature), ks in groups.items():
+            enc, uniforms, parts = {}, {}, {k: [] for k in ks}
+            for k in ks:
+                q = requests[k]
+                ids, attn = self.shell.encode(q.problems)
+                enc[k] = (ids.repeat_interleave(q.n, 0), attn.repeat_interleave(q.n, 0))
+                g = torch.Generator().manual_seed(q.seed)
+                uniforms[k] = torch.rand(enc[k][0].shape[0], T, generator=g)
+            step = min(requests[k].batch for k in ks)
+            longest = max(enc[k][0].shape[0] for k in ks)
+            for start in range(0, longest, step):
+                live = [k for k in ks if enc[k][0].shape[0] > start]
+                rows = {k: slice(start, min(start + step, enc[k][0].shape[0])) for k in live}
+                B = max(rows[k].stop - rows[k].start for k in live)
+                Lp = max(enc[k][0].shape[1] for k in live)
+                ids = torch.full((len(live), B, Lp), self.shell.tok.pad_token_id, dtype=torch.long)
+                attn = torch.zeros(len(live), B, Lp, dtype=torch.long)
+                real = torch.zeros(len(live), B, dtype=torch.bool)
+                u = torch.zeros(len(live), B, T)
+                for i, k in enumerate(live):
+                    p, a = enc[k][0][rows[k]], enc[k][1][rows[k]]
+                    ids[i, : p.shape[0], Lp - p.shape[1] :] = p.cpu()
+                    attn[i, : p.shape[0], Lp - p.shape[1] :] = a.cpu()
+                    real[i, : p.shape[0]] = True
+                    u[i, : p.shape[0]] = uniforms[k][rows[k]]
+                comp = stacked.generate(self._params_of(live), self.cfg, ids.to(self.shell.device),
+                                        attn.to(self.shell.device), u.to(self.shell.device), temperature,
+                                        self.shell.eos_ids, self.shell.tok.pad_token_id,
+                                        autocast_dtype=self._autocast(), rows=real)  # fmt: skip
+                for i, k in enumerate(live):
+                    n = rows[k].stop - rows[k].start
+                    parts[k].append((enc[k][0][rows[k]], enc[k][1][rows[k]], comp[i, :n]))
+            for k in ks:
+                out[k] = self.shell.rollout(parts[k])
+        return out
+
+    def _params_of(self, ks: list[int]) -> dict[str, torch.Tensor]:
+        """The stacked weights of runs ``ks``: all of them as they are, a subset gathered (with grad)."""
+        if ks == list(range(len(self.dirs))):
+            return self.params
+        idx = torch.tensor(ks, device=self.shell.device)
+        return {n: p[idx] for n, p in self.params.items()}
+
+    def _autocast(self) -> torch.dtype | None:
+        return None if self.shell.dtype == torch.float32 else self.shell.dtype
+
+    # ── the update ──
+
+    def _update(self, requests: dict[int, Update]) -> dict[int, dict]:
+        """One batched forward and backward over every updating run's batch (micro-batched over its
+        sequences), then one per-run AdamW step: each run's loss is - mean over its completion tokens
+        of A * log pi_T, its gradient clipped on its own, its step skipped when not finite."""
+        s = self.settings
+        ks = sorted(requests)
+        R = len(ks)
+        ro = {k: requests[k].ro for k in ks}
+        Lp = max(ro[k].ids.shape[1] - ro[k].mask.shape[1] for k in ks)
+        Tc = max(ro[k].mask.shape[1] for k in ks)
+        B = max(ro[k].ids.shape[0] for k in ks)
+        pad = self.shell.tok.pad_token_id
+        ids = torch.full((R, B, Lp + Tc), pad, dtype=torch.long)
+        attn = torch.zeros(R, B, Lp + Tc, dtype=torch.long)
+        mask = torch.zeros(R, B, Tc)
+        adv = torch.zeros(R, B)
+        sign = torch.zeros(R, B, dtype=torch.int8)
+        for i, k in enumerate(ks):
+            r = ro[k]
+            b, lp_k, tc_k = r.ids.shape[0], r.ids.shape[1] - r.mask.shape[1], r.mask.shape[1]
+            ids[i, :b, Lp - lp_k : Lp + tc_k] = r.ids.cpu()
+            attn[i, :b, Lp - lp_k : Lp + tc_k] = r.attn.cpu()
+            mask[i, :b, :tc_k] = r.mask.cpu().float()
+            adv[i, :b] = requests[k].adv.cpu().float()
+            if requests[k].sign is not None:
+                sign[i, :b] = requests[k].sign.cpu()
+        dev = self.shell.device
+        ids, attn, mask, adv = ids.to(dev), attn.to(dev), mask.to(dev), adv.to(dev)
+        pos = (attn.cumsum(-1) - 1).clamp_min(0)
+        totals = mask.sum((1, 2)).clamp_min(1.0)
+        ctrls = {i: self.runs[k].controller for i, k in enumerate(ks)}
+        token_runs = [i for i, c in ctrls.items() if c.needs_entropy]
+        acc = {"loss": torch.zeros(R), "ent": torch.zeros(R), "tok": torch.zeros(R)}
+        finite = {"loss": torch.ones(R, dtype=torch.bool), "lp": torch.ones(R, dtype=torch.bool),
+                  "ent": torch.ones(R, dtype=torch.bool)}  # fmt: skip
+        self.opt.zero_grad()
+        ctx = torch.autocast(dev.type, dtype=self.shell.dtype) if self._autocast() else _Null()
+        for start in range(0, B, s.micro_batch):
+            sl = slice(start, start + s.micro_batch)
+            params = self._params_of(ks)
+            with ctx:
+                logits = stacked.forward(params, self.cfg, ids[:, sl], attn[:, sl], pos[:, sl], keep=Tc + 1)[:, :, :-1]
+            lp, ent = token_logprobs_entropy(logits, ids[:, sl, -Tc:], s.temperature, True)
+            m = mask[:, sl]
+            a = adv[:, sl, None].expand_as(lp).clone()
+            for i in token_runs:
+                extra = ctrls[i].token_advantages(ent[i], m[i], sign[i, sl].to(ent.device))
+                a[i] = a[i] + extra
+                acc["tok"][i] += float((extra.abs() * m[i]).sum())
+            per_run = -torch.where(m > 0, a.detach() * lp, 0.0).sum((1, 2)) / totals
+            per_run.sum().backward()
+            acc["loss"] += per_run.detach().float().cpu()
+            acc["ent"] += torch.where(m > 0, ent, 0.0).sum((1, 2)).float().cpu()
+            finite["loss"] &= torch.isfinite(per_run.detach()).cpu()
+            finite["lp"] &= torch.where(m > 0, lp.detach(), 0.0).isfinite().all(-1).all(-1).cpu()
+            finite["ent"] &= torch.where(m > 0, ent, 0.0).isfinite().all(-1).all(-1).cpu()
+        active = torch.zeros(len(self.dirs), dtype=torch.bool)
+        active[ks] = True
+        norms, stepped = self.opt.step(s.grad_clip, active)
+        out = {}
+        for i, k in enumerate(ks):
+            o = {"loss": float(acc["loss"][i]), "entropy": float(acc["ent"][i] / totals[i].cpu()),
+                 "grad_norm": float(norms[k]), "update_skipped": int(not stepped[k])}  # fmt: skip
+            if ctrls[i].needs_entropy:
+                o["token_adv_abs_mean"] = float(acc["tok"][i] / totals[i].cpu())
+            if not stepped[k]:
+                bad = [n for n, p in self.params.items() if p.grad is not None and not torch.isfinite(p.grad[k]).all()]
+                o["diagnosis"] = {"loss_finite": bool(finite["loss"][i]), "logprobs_finite": bool(finite["lp"][i]),
+                                  "entropy_finite": bool(finite["ent"][i]), "nonfinite_grads": len(bad),
+                                  "first_nonfinite_grads": bad[:5]}  # fmt: skip
+            out[k] = o
+        self.opt.zero_grad()
+        return out
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("pairs", nargs="+", help="SPEC.json RUN_DIR, once per run (RunSpec.to_json; rerun to resume)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    args = p.parse_args(argv)
+    if len(args.pairs) % 2:
+        p.error("give SPEC.json RUN_DIR pairs")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    specs = [RunSpec.from_json(Path(f).read_text(encoding="utf-8")) for f in args.pairs[0::2]]
+    dirs = [Path(d) for d in args.pairs[1::2]]
+    t0 = time.perf_counter()
+    engine = StackedEngine(specs, dirs, log=lambda line: print(line, flush=True))
+    results = engine.run()
+    for k, res in sorted(results.items()):
+        pass1 = res["heldout_pass1"]
+        print(f"[{specs[k].method} seed {specs[k].seed}] done: {res['steps']} steps, {res['generated_tokens']} tokens, "
+              f"held-out pass@1 {'-' if pass1 is None else f'{100 * pass1:.1f} %'}", flush=True)  # fmt: skip
+    print(f"[stacked] {len(results)} of {len(specs)} runs done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return 1 if engine.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

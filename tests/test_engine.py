@@ -1,0 +1,161 @@
+"""The stacked engine (``study/engine.py``) on the CPU with the tiny random model, fp32: for every arm,
+K runs advanced together equal each run advanced alone (the same sampled tokens, rewards and
+advantages; losses within rounding), a killed batch resumes to the results it would have had, and a
+failing run leaves the others to finish."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from avspo_openrlhf.data.io import write_jsonl
+from avspo_openrlhf.data.tasks import synthetic_arithmetic
+from avspo_openrlhf.study.engine import StackedEngine
+from avspo_openrlhf.study.loop import Arm, RunSpec, Settings
+from avspo_openrlhf.study.scheduler import Job, run_jobs
+
+pytest.importorskip("transformers")
+TESTS = Path(__file__).resolve().parent
+ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+ARMS = {  # every arm family of the study, its controls included
+    "GRPO": Arm("grpo"),
+    "AVSPO": Arm("avspo", {"strategy": "stratified"}),
+    "sign": Arm("sign"),
+    "RL-ZVP": Arm("rl_zvp", {"std_convention": "population", "eps": 1e-6}),
+    "DAPO-DS": Arm("grpo", dynamic=True),
+    "GRESO": Arm("grpo", dynamic=True, greso={}),
+    "NGRPO": Arm("ngrpo"),
+    "random-sign": Arm("grpo", control="random_sign"),
+    "coin-reward": Arm("grpo", reward="random"),
+    "GRPO@2e-3": Arm("grpo", lr=2e-3),
+}
+SMALL = Settings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=0.7, lr=1e-3, token_budget=160,
+                 reward="study_reward:half_collapsed", acr={"tau_init": 0.25, "window": 2}, eval_n=2,
+                 mid_eval_tokens=40, mid_eval_problems=4, ckpt_every=2, micro_batch=4, gen_batch=16,
+                 engine="stacked")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    from avspo_openrlhf.cpu.models import prepare
+
+    root = tmp_path_factory.mktemp("engine")
+    model = prepare("tiny", str(root / "tiny"))
+    train, heldout = str(root / "train.jsonl"), str(root / "heldout.jsonl")
+    write_jsonl(synthetic_arithmetic(8, ["add1", "mul1"], seed=0), train)
+    write_jsonl(synthetic_arithmetic(6, ["add1", "mul1"], seed=1000), heldout)
+    return {"model": model, "train": train, "heldout": heldout}
+
+
+@pytest.fixture(autouse=True)
+def _test_rewards_importable(monkeypatch):
+    monkeypatch.syspath_prepend(str(TESTS))
+
+
+def spec(assets, method: str, seed: int, **settings) -> RunSpec:
+    return RunSpec(method=method, seed=seed, arm=ARMS[method], settings=dataclasses.replace(SMALL, **settings),
+                   model=assets["model"], train=assets["train"], heldout=assets["heldout"])  # fmt: skip
+
+
+EXACT = {"step", "tokens", "step_tokens", "rounds", "groups_generated", "groups_trained", "groups_signal", "reward",
+         "task_reward", "acr", "acr_all_wrong", "acr_all_right", "acr_effective", "gate_open", "acr_generated",
+         "truncation_rate", "completion_tokens_mean", "update_skipped"}  # fmt: skip
+
+
+def same_run(a: dict, b: dict) -> None:
+    """Two records of one run: what was sampled and scored exactly equal, the update's numbers within
+    float rounding (the batch's shapes differ with its companions)."""
+    assert (a["steps"], a["generated_tokens"], a["per_problem"], a["mid_evals"]) == (
+        b["steps"], b["generated_tokens"], b["per_problem"], b["mid_evals"])  # fmt: skip
+    for ra, rb in zip(a["curve"], b["curve"], strict=True):
+        for key, va in ra.items():
+            if key == "wall_s":
+                continue
+            if key in EXACT or not isinstance(va, float) or math.isnan(va):
+                assert va == rb[key] or (va != va and rb[key] != rb[key]), (key, va, rb[key])
+            else:
+                assert va == pytest.approx(rb[key], rel=1e-4, abs=1e-6), (key, va, rb[key])
+
+
+def test_k_runs_together_equal_each_run_alone_for_every_arm(assets, tmp_path):
+    specs = [spec(assets, m, seed) for seed, m in enumerate(ARMS)]
+    together = StackedEngine(specs, [tmp_path / "together" / s.method for s in specs], log=lambda _: None).run()
+    assert sorted(together) == list(range(len(specs)))
+    for k, s in enumerate(specs):
+        alone = StackedEngine([s], [tmp_path / "alone" / s.method], log=lambda _: None).run()[0]
+        same_run(together[k], alone)
+    by = {s.method: together[k] for k, s in enumerate(specs)}
+    assert all(r["generated_tokens"] >= 160 for r in by.values())  # every run to its budget
+    assert any(c["rounds"] > 1 for c in by["DAPO-DS"]["curve"])  # DS refilled while the others waited
+    assert by["RL-ZVP"]["curve"][0]["token_adv_abs_mean"] > 0  # token advantages from the batched forward
+    assert by["GRPO@2e-3"]["lr"] == 2e-3 and by["GRPO"]["lr"] == 1e-3
+    assert by["GRPO"]["engine"] == "stacked"
+
+
+def _engine(pairs: list[tuple[RunSpec, Path]], env: dict) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "avspo_openrlhf.study.engine", "--threads", "1"]
+    for s, d in pairs:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "request.json").write_text(s.to_json())
+        cmd += [str(d / "request.json"), str(d)]
+    return subprocess.Popen(cmd, env={**os.environ, **ENV, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)  # fmt: skip
+
+
+def test_a_killed_batch_resumes_to_the_results_it_would_have_had(assets, tmp_path):
+    specs = [spec(assets, m, seed, reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=300,
+                  mid_eval_tokens=0) for seed, m in enumerate(("AVSPO", "DAPO-DS"))]  # fmt: skip
+    whole = _engine([(s, tmp_path / "whole" / s.method) for s in specs], {})
+    assert whole.wait(timeout=300) == 0, whole.stdout.read()
+    hung = tmp_path / "hung"
+    pairs = [(s, tmp_path / "killed" / s.method) for s in specs]
+    proc = _engine(pairs, {"STUDY_TEST_HANG_AT": "30", "STUDY_TEST_HUNG_FILE": str(hung)})
+    deadline = time.monotonic() + 300
+    while not hung.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "no hang"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert all((d / "ckpt.pt").exists() and not (d / "result.json").exists() for _, d in pairs)
+    again = _engine(pairs, {})
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0 and "resumed at step" in out, out
+    for s in specs:
+        a = json.loads((tmp_path / "whole" / s.method / "result.json").read_text())
+        b = json.loads((tmp_path / "killed" / s.method / "result.json").read_text())
+        assert b["resumed"] == 1 and a["resumed"] == 0
+        same_run(a, b)
+
+
+def test_a_failing_run_leaves_the_others_to_finish(assets, tmp_path):
+    """One run's verifier crashes mid-run (its data holds a problem it cannot score): its traceback goes
+    to its log.txt, it leaves the batch, and the others finish."""
+    bad_train = tmp_path / "bad_train.jsonl"
+    write_jsonl([{"problem": "What is 990 + 9?", "answer": "999", "unique_id": "bad/0"}] * 8, str(bad_train))
+    good = {"reward": "study_reward:explode_on_999"}
+    bad = dataclasses.replace(spec(assets, "AVSPO", 1, **good), train=str(bad_train))
+    jobs = [Job(spec(assets, "GRPO", 0, **good), tmp_path / "GRPO_seed0"), Job(bad, tmp_path / "AVSPO_seed1"),
+            Job(spec(assets, "sign", 2, **good), tmp_path / "sign_seed2")]  # fmt: skip
+    log = []
+    failed = run_jobs(jobs, 3, threads=1, env=ENV, log=log.append, engine="stacked")
+    assert failed == ["AVSPO_seed1"] and jobs[0].done() and jobs[2].done()
+    assert "the verifier crashed on answer 999" in (tmp_path / "AVSPO_seed1" / "log.txt").read_text()
+    assert any("started a batch of 3 (stacked)" in line for line in log)
+
+
+def test_the_runs_of_one_batch_share_model_and_settings(assets, tmp_path):
+    with pytest.raises(ValueError, match="share the model and the settings"):
+        StackedEngine([spec(assets, "GRPO", 0), spec(assets, "GRPO", 1, token_budget=80)],
+                      [tmp_path / "a", tmp_path / "b"])  # fmt: skip
+    with pytest.raises(ValueError, match="process engine"):
+        StackedEngine([spec(assets, "GRPO", 0, engine="process")], [tmp_path / "c"])
