@@ -281,19 +281,20 @@ class StackedAdamW:
         b1, b2 = self.betas
         coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_
         n_t = self.step_count.clamp_min(1.0)
-        bc1, bc2 = 1 - b1**n_t, 1 - b2**n_t
+        first = next(iter(self.params.values()))
+        # the per-run scalars, moved to the device once a step
+        per_run = torch.stack([stepped.double(), coef.double().cpu(), self.lr, 1 - b1**n_t, 1 - b2**n_t])
+        on_, coef_, lr_, bc1_, bc2_ = per_run.to(first.device, first.dtype)
         for name, p in self.params.items():
             shape = (k,) + (1,) * (p.dim() - 1)
-            on = stepped.to(p.device).view(shape)
-            g = torch.where(on, p.grad * coef.to(p.device, p.dtype).view(shape), torch.zeros_like(p.grad))
+            on = on_.view(shape) > 0
+            g = torch.where(on, p.grad * coef_.view(shape), torch.zeros_like(p.grad))
             m, v = self.m[name], self.v[name]
             m.copy_(torch.where(on, m * b1 + g * (1 - b1), m))
             v.copy_(torch.where(on, v * b2 + g * g * (1 - b2), v))
-            lr = self.lr.to(p.device, p.dtype).view(shape)
-            denom = (v / bc2.to(p.device, p.dtype).view(shape)).sqrt() + self.eps
-            update = lr * (m / bc1.to(p.device, p.dtype).view(shape)) / denom
-            decayed = p * (1 - lr * self.wd)
-            p.copy_(torch.where(on, decayed - update, p))
+            lr = lr_.view(shape)
+            update = lr * (m / bc1_.view(shape)) / ((v / bc2_.view(shape)).sqrt() + self.eps)
+            p.copy_(torch.where(on, p * (1 - lr * self.wd) - update, p))
         return norms, stepped
 
     def zero_grad(self) -> None:
