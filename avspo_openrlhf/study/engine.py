@@ -22,6 +22,7 @@ again continues every run from its checkpoint.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import traceback
@@ -90,6 +91,7 @@ class StackedEngine:
     def _fail(self, k: int, spec: RunSpec) -> None:
         text = traceback.format_exc()
         self.failed[k] = text.strip().splitlines()[-1]
+        self.dirs[k].mkdir(parents=True, exist_ok=True)
         with open(self.dirs[k] / "log.txt", "a", encoding="utf-8") as f:
             f.write(text)
         self.log(f"[{spec.method} seed {spec.seed}] failed: {self.failed[k]}")
@@ -108,8 +110,6 @@ class StackedEngine:
 
     def run(self) -> dict[int, dict]:
         """Every run to its result (those already finished are read back); returns ``{k: result}``."""
-        import json
-
         results, lives, pending = {}, {}, {}
         for k, r in list(self.runs.items()):
             if (r.dir / "result.json").exists():

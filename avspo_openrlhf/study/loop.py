@@ -286,7 +286,7 @@ def model_fingerprint(model: str) -> str:
 
 
 # the code a run's numbers depend on: the loop, the algorithm, the rewards (not the docs, not the report)
-_CODE = ("study/loop.py", "study/controls.py", "algo", "rewards")
+_CODE = ("study/loop.py", "study/controls.py", "study/engine.py", "study/stacked.py", "algo", "rewards")
 
 
 @functools.lru_cache(maxsize=1)
