@@ -134,7 +134,8 @@ def test_sign_advantage_closed_form_on_collapsed_groups_and_grpo_elsewhere():
     assert info["acr"] == 0.75 and info["acr_effective"] == 0.25
     # every group, and any reward range: A = 2 (r - lo) / (hi - lo) - 1
     every, info = group_advantages(rewards * 4 - 2, "sign", SignConfig(scope="all"), reward_range=(-2.0, 2.0))
-    assert torch.allclose(every, 2 * rewards - 1) and info["acr_effective"] == 0.0
+    # the group at the middle of the range gets A = 0 there too: still collapsed, read from the advantages
+    assert torch.allclose(every, 2 * rewards - 1) and info["acr_effective"] == 0.25
     # what AVSPO and NGRPO give a collapsed group has the same sign
     for name in ("avspo", "ngrpo"):
         a, _ = group_advantages(rewards[:1], name, acr_gate=1.0, tau_adapt=0.0)
