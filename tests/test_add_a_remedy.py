@@ -31,8 +31,13 @@ def qae(monkeypatch):
     config.load_plugins([EXAMPLE])
     yield sys.modules["qae_remedy"]
     sys.modules.pop("qae_remedy", None)
+    _restore_registries(before)
+
+
+def _restore_registries(before: dict) -> None:
+    """The estimator registry as it was, in verl's registry too (the plugin mirrors every registration)."""
     verl = sys.modules.get("avspo_openrlhf.integrations.verl")
-    for name in set(ESTIMATORS) - set(before):  # qae and any a test registered, in verl's registry too
+    for name in set(ESTIMATORS) - set(before):
         if verl is not None and name in verl.REMEDIES:
             verl.REMEDIES.remove(name)
             verl.core_algos.ADV_ESTIMATOR_REGISTRY.pop(verl.PREFIX + name, None)
@@ -204,8 +209,7 @@ def half_sign():
 
     register_estimator("half_sign")(fn)
     yield "half_sign"
-    ESTIMATORS.clear()
-    ESTIMATORS.update(before)
+    _restore_registries(before)
 
 
 def test_a_user_remedys_effective_acr_is_read_from_its_advantages(half_sign):

@@ -52,7 +52,7 @@ def _avspo(stats: CollapseStats, cfg: AVSPOConfig, ctx: GroupContext):
     # the groups it may augment, so a batch with none of them is GRPO with the gate open
     gate_open = ctx.acr_gate > ctx.tau_adapt
     acting = gate_open and n_aug > 0
-    k = (cfg.num_virtual or num_virtual(g, ctx.acr_gate, cfg.alpha, cfg.strategy)) if acting else 0
+    k = (cfg.num_virtual or num_virtual(g, ctx.acr_gate, cfg.alpha, cfg.strategy)) if gate_open else 0
     info = {"gate_open": gate_open, "num_virtual_k": k, "num_virtual": augmented * k}
     if not acting:
         info["num_effective_collapsed"] = stats.num_collapsed
