@@ -170,7 +170,9 @@ def test_whole_runs_of_the_two_engines_agree_within_their_seed_spread(assets, tm
     for method in ("GRPO", "DAPO-DS"):
         got = {}
         for engine in ("process", "stacked"):
-            specs = [spec(assets, method, seed, engine=engine, mid_eval_tokens=0, token_budget=240) for seed in range(6)]
+            specs = [
+                spec(assets, method, seed, engine=engine, mid_eval_tokens=0, token_budget=240) for seed in range(6)
+            ]
             dirs = [tmp_path / engine / f"{method}_seed{s.seed}" for s in specs]
             if engine == "stacked":
                 res = list(StackedEngine(specs, dirs, log=lambda _: None).run().values())

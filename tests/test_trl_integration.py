@@ -280,8 +280,9 @@ def test_acr_reward_func_measures_correctness_while_the_remedy_shapes_the_weight
         assert torch.allclose(adv, expected.reshape(-1), atol=1e-6)
     logs = acr_logs(tr)
     assert [h["acr"] for h in logs] == [0.5, 0.5] and [h["acr/shaped"] for h in logs] == [0.0, 0.0]
-    # the raw view's ACR is the gate's input; no group of the sum is collapsed, so none is augmented
-    assert all(h["acr/gate"] == 0.5 and h["acr/gate_open"] == 0.0 for h in logs)
+    # the raw view's ACR is the gate's input: the gate is open (0.5 > tau), gate_open says so, and no
+    # group of the sum is collapsed, so none is augmented (the advantages above are GRPO's on the sum)
+    assert all(h["acr/gate"] == 0.5 > TAU and h["acr/gate_open"] == 1.0 for h in logs)
 
 
 # every group has one completion without a score (None); step 1 ("a", "c") and step 2 ("b", "d") each

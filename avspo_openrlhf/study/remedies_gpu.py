@@ -605,10 +605,10 @@ class GPURemediesStudy:
                        "<publish>/lr_check)")  # fmt: skip
         p.add_argument("--k", type=int, default=1, help="runs at once on this device (separate processes, or one "
                        "stacked batch with --engine stacked)")  # fmt: skip
-        p.add_argument("--engine", choices=["process", "stacked"], default="process",
-                       help="process: one process per run, its own transformers model; stacked: K runs in one "
-                       "process, their weights stacked (study/engine.py). Runs of the two engines never pair (each "
-                       "samples with its own random numbers): a study keeps one")  # fmt: skip
+        p.add_argument("--engine", choices=["process", "stacked"], default="stacked",
+                       help="stacked: K runs in one process, their weights stacked (study/engine.py; 3.3x eight "
+                       "processes on a 2-core CPU); process: one process per run, its own transformers model. Runs "
+                       "of the two engines never pair (each samples with its own random numbers): a study keeps one")  # fmt: skip
         p.add_argument("--threads", type=int, help="CPU threads per run (default: the cores / K)")
         p.add_argument("--start-runs-for", type=float, metavar="MIN", help="start no run after this many minutes "
                        "(the runs in flight finish): fits a study into a job's time limit")  # fmt: skip
