@@ -235,3 +235,20 @@ def test_the_gate_metric_reads_the_gate_even_when_every_group_has_an_unscored_co
     adv, m = ctrl.step(rewards, scored=scored)
     assert m["acr"] == 1.0 and m["acr_gate"] > m["tau_adapt_used"] == 0.5 and m["gate_open"] == 1.0
     assert torch.isnan(adv).all()  # the trainer keeps its own advantages for those groups
+
+
+def test_a_plugin_named_as_a_module_is_found_in_the_current_folder(tmp_path, monkeypatch):
+    """--plugin NAME says the current folder is searched: a console script's sys.path lacks it."""
+    (tmp_path / "my_cwd_remedy.py").write_text(
+        "from avspo_openrlhf.algo import register_estimator\n"
+        "register_estimator('cwd_remedy')(lambda stats, cfg, ctx: (stats.mean * 0, stats.mean * 0, {}))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    before = dict(ESTIMATORS)
+    try:
+        config.load_plugins(["my_cwd_remedy"])
+        assert "cwd_remedy" in ESTIMATORS
+    finally:
+        sys.modules.pop("my_cwd_remedy", None)
+        _restore_registries(before)

@@ -133,6 +133,10 @@ def load_plugins(specs) -> None:
         if not isinstance(spec, str) or not spec:
             raise ValueError(f"--plugin must name a module or a .py file, got {spec!r}")
         if not spec.endswith(".py"):
+            # a module name is looked up from the current folder too, as the message below says (a console
+            # script's sys.path does not hold it)
+            if os.getcwd() not in sys.path:
+                sys.path.append(os.getcwd())
             try:
                 importlib.import_module(spec)
             except ModuleNotFoundError as e:
