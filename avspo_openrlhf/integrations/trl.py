@@ -439,7 +439,7 @@ class GRPOTrainer(trl.GRPOTrainer):
 
     def _stop_on_alarm(self) -> None:
         """monitor_stop_on_alarm as avspo-train does it: the run stops at the end of this step, through
-        the Trainer's own ``control.should_training_stop`` (it saves where save_strategy says)."""
+        the Trainer's own ``control.should_training_stop``, with a checkpoint unless save_strategy is "no"."""
         if not self.stop_on_alarm or self.stop_reason:
             return
         fired = sorted(
@@ -450,7 +450,8 @@ class GRPOTrainer(trl.GRPOTrainer):
         if fired:
             self.stop_reason = f"alarm {', '.join(fired)}"
             self.control.should_training_stop = True
-            self.control.should_save = True
+            if self.args.save_strategy != "no":  # a checkpoint at the stop, as avspo-train writes one
+                self.control.should_save = True
             print(f"[avspo] stopping: {self.stop_reason} (monitor_stop_on_alarm)", flush=True)
 
     def _local_slice(self, full: torch.Tensor, n_local: int) -> torch.Tensor:
