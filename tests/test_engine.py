@@ -97,7 +97,8 @@ def test_k_runs_together_equal_each_run_alone_for_every_arm(assets, tmp_path):
     by = {s.method: together[k] for k, s in enumerate(specs)}
     assert all(r["generated_tokens"] >= 160 for r in by.values())  # every run to its budget
     assert any(c["rounds"] > 1 for c in by["DAPO-DS"]["curve"])  # DS refilled while the others waited
-    assert by["RL-ZVP"]["curve"][0]["token_adv_abs_mean"] > 0  # token advantages from the batched forward
+    # token advantages from the batched forward (odd answers collapse all-wrong: some step holds one)
+    assert any(c.get("token_adv_abs_mean", 0) > 0 for c in by["RL-ZVP"]["curve"])
     assert by["GRPO@2e-3"]["lr"] == 2e-3 and by["GRPO"]["lr"] == 1e-3
     assert by["GRPO"]["engine"] == "stacked"
 
@@ -119,7 +120,9 @@ def test_a_killed_batch_resumes_to_the_results_it_would_have_had(assets, tmp_pat
     assert whole.wait(timeout=300) == 0, whole.stdout.read()
     hung = tmp_path / "hung"
     pairs = [(s, tmp_path / "killed" / s.method) for s in specs]
-    proc = _engine(pairs, {"STUDY_TEST_HANG_AT": "30", "STUDY_TEST_HUNG_FILE": str(hung)})
+    # the first lockstep step scores at most 8 + 4 x 8 completions (AVSPO, DAPO-DS's four rounds): the
+    # 41st call is in the second step, after both runs' first checkpoint, long before either ends
+    proc = _engine(pairs, {"STUDY_TEST_HANG_AT": "41", "STUDY_TEST_HUNG_FILE": str(hung)})
     deadline = time.monotonic() + 300
     while not hung.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "no hang"

@@ -160,7 +160,8 @@ def test_a_remedy_configs_own_seed_wins_over_the_runs():
 
 
 def test_a_non_finite_step_is_skipped_counted_and_diagnosed(assets, tmp_path):
-    run = loop.Run(spec(assets, Arm("grpo"), token_budget=120, final_eval=False, mid_eval_tokens=0), tmp_path / "r")
+    # 200 tokens: at least 4 steps of at most 2 x 4 x 8 = 64 generated tokens
+    run = loop.Run(spec(assets, Arm("grpo"), token_budget=200, final_eval=False, mid_eval_tokens=0), tmp_path / "r")
     emb = run.policy.model.get_input_embeddings().weight
 
     def poison(grad):  # the second step's gradient is not finite (an overflow, a NaN in a forward)
@@ -235,7 +236,7 @@ def test_two_arms_with_one_seed_draw_the_same_sampling_numbers_at_every_step(ass
         if name == "DAPO-DS":
             assert any(c["rounds"] > 1 for c in res["curve"])  # it refilled: more numbers drawn in a step
     steps = set(drawn["GRPO"]) & set(drawn["AVSPO"]) & set(drawn["DAPO-DS"])
-    assert len(steps) >= 3
+    assert len(steps) >= 2  # DAPO-DS's steps generate up to 4 rounds: 300 tokens last 2 of them at least
     for step in steps:
         assert torch.equal(drawn["GRPO"][step], drawn["AVSPO"][step])
         assert torch.equal(drawn["GRPO"][step], drawn["DAPO-DS"][step])
