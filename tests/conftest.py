@@ -9,3 +9,31 @@ os.environ.setdefault("WANDB_MODE", "offline")
 from avspo_openrlhf.cpu.compat import install_gpu_module_stubs  # noqa: E402
 
 install_gpu_module_stubs()
+
+
+import pytest  # noqa: E402
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="session")
+def study_assets(tmp_path_factory):
+    """What the study loop's and engines' tests train on: the tiny random model, 8 training problems
+    (add1, mul1) and 6 held-out ones."""
+    from avspo_openrlhf.cpu.models import prepare
+    from avspo_openrlhf.data.io import write_jsonl
+    from avspo_openrlhf.data.tasks import synthetic_arithmetic
+
+    root = tmp_path_factory.mktemp("study")
+    model = prepare("tiny", str(root / "tiny"))
+    train, heldout = str(root / "train.jsonl"), str(root / "heldout.jsonl")
+    write_jsonl(synthetic_arithmetic(8, ["add1", "mul1"], seed=0), train)
+    write_jsonl(synthetic_arithmetic(6, ["add1", "mul1"], seed=1000), heldout)
+    return {"model": model, "train": train, "heldout": heldout}
+
+
+@pytest.fixture
+def study_rewards(monkeypatch):
+    """The test rewards (tests/study_reward.py) importable in this process; the runs a test starts in
+    another process get them through PYTHONPATH."""
+    monkeypatch.syspath_prepend(TESTS)

@@ -16,8 +16,6 @@ import pytest
 import torch
 
 from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, CollapseController, collapse_stats
-from avspo_openrlhf.data.io import write_jsonl
-from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.study import loop
 from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
 from avspo_openrlhf.study.loop import Arm, RunSpec, Settings
@@ -32,20 +30,11 @@ SMALL = Settings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    from avspo_openrlhf.cpu.models import prepare
-
-    root = tmp_path_factory.mktemp("design")
-    model = prepare("tiny", str(root / "tiny"))
-    train, heldout = str(root / "train.jsonl"), str(root / "heldout.jsonl")
-    write_jsonl(synthetic_arithmetic(8, ["add1", "mul1"], seed=0), train)
-    write_jsonl(synthetic_arithmetic(6, ["add1", "mul1"], seed=1000), heldout)
-    return {"model": model, "train": train, "heldout": heldout}
+def assets(study_assets):
+    return study_assets
 
 
-@pytest.fixture(autouse=True)
-def _test_rewards_importable(monkeypatch):
-    monkeypatch.syspath_prepend(str(TESTS))
+pytestmark = pytest.mark.usefixtures("study_rewards")
 
 
 def spec(assets, arm: Arm, seed: int = 0, method: str = "arm", **settings) -> RunSpec:

@@ -22,6 +22,7 @@ again continues every run from its checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -227,7 +228,7 @@ class StackedEngine:
         finite = {"loss": torch.ones(R, dtype=torch.bool), "lp": torch.ones(R, dtype=torch.bool),
                   "ent": torch.ones(R, dtype=torch.bool)}  # fmt: skip
         self.opt.zero_grad()
-        ctx = torch.autocast(dev.type, dtype=self.shell.dtype) if self._autocast() else _Null()
+        ctx = torch.autocast(dev.type, dtype=self.shell.dtype) if self._autocast() else contextlib.nullcontext()
         for start in range(0, B, s.micro_batch):
             sl = slice(start, start + s.micro_batch)
             params = self._params_of(ks)
@@ -264,14 +265,6 @@ class StackedEngine:
             out[k] = o
         self.opt.zero_grad()
         return out
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

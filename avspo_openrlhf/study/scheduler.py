@@ -109,23 +109,13 @@ def run_jobs(
     pending = [j for j in jobs if not j.done()]
     running: dict[str, tuple[Job, subprocess.Popen]] = {}
     failed: list[str] = []
-    stopping = False
-
-    def stop(signum, _frame):
-        nonlocal stopping
-        stopping = True
-        for _, proc in running.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with _Stop(lambda: [proc for _, proc in running.values()]) as stop:
         total = len(pending)
-        while (pending and not stopping) or running:
+        while (pending and not stop.stopping) or running:
             if start_until is not None and pending and time.monotonic() >= start_until:
                 log(f"[study] no new run after the time given: {len(pending)} left for a later call")
                 pending = []
-            while pending and len(running) < k and not stopping:
+            while pending and len(running) < k and not stop.stopping:
                 job = pending.pop(0)
                 running[job.name] = (job, _start(job, threads, env or {}))
                 log(f"[study] started {job.name} ({total - len(pending)}/{total}, {len(running)} running)")
@@ -142,12 +132,33 @@ def run_jobs(
                 if on_done is not None:
                     on_done(job, rc)
             time.sleep(poll_s)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    if stopping:
-        raise KeyboardInterrupt("stopped: every run resumes from its checkpoint when the study is started again")
     return failed
+
+
+class _Stop:
+    """SIGTERM/SIGINT while runs are live (Slurm's time limit, scancel, Ctrl-C): each live process group
+    gets SIGTERM (its runs stop at their checkpoints), no run starts after, and KeyboardInterrupt is
+    raised once they are gone: every run resumes when the study is started again."""
+
+    def __init__(self, live: Callable[[], list[subprocess.Popen]]):
+        self.live, self.stopping = live, False
+
+    def _stop(self, signum, _frame) -> None:
+        self.stopping = True
+        for proc in self.live():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+
+    def __enter__(self) -> _Stop:
+        self.previous = {s: signal.signal(s, self._stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        if self.stopping and exc_type is None:
+            raise KeyboardInterrupt("stopped: every run resumes from its checkpoint when the study is started again")
+        return False
 
 
 def _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until) -> list[str]:
@@ -155,39 +166,25 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until) -> li
     threads = len(os.sched_getaffinity(0)) if threads is None else threads
     pending = [j for j in jobs if not j.done()]
     failed: list[str] = []
-    proc: subprocess.Popen | None = None
-    stopping = False
-
-    def stop(signum, _frame):
-        nonlocal stopping
-        stopping = True
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while pending and not stopping:
+    live: list[subprocess.Popen] = []
+    with _Stop(lambda: live) as stop:
+        while pending and not stop.stopping:
             if start_until is not None and time.monotonic() >= start_until:
                 log(f"[study] no new run after the time given: {len(pending)} left for a later call")
                 break
             batch, pending = pending[:k], pending[k:]
             log(f"[study] started a batch of {len(batch)} (stacked): {', '.join(j.name for j in batch)}")
-            proc = _start_batch(batch, threads, env or {})
-            while proc.poll() is None:
+            live[:] = [_start_batch(batch, threads, env or {})]
+            while live[0].poll() is None:
                 time.sleep(poll_s)
             for job in batch:
                 if not job.done():
                     failed.append(job.name)
-                    log(f"[study] {job.name} failed (exit {proc.returncode}): see {job.run_dir / 'log.txt'}")
+                    log(f"[study] {job.name} failed (exit {live[0].returncode}): see {job.run_dir / 'log.txt'}")
                 else:
                     log(f"[study] {job.name} done")
                 if on_done is not None:
-                    on_done(job, proc.returncode if not job.done() else 0)
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    if stopping:
-        raise KeyboardInterrupt("stopped: every run resumes from its checkpoint when the study is started again")
+                    on_done(job, live[0].returncode if not job.done() else 0)
     return failed
 
 

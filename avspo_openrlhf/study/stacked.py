@@ -17,6 +17,7 @@ the same tokens whatever runs share its batch.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -215,7 +216,7 @@ def generate(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Ten
     K, B, Lp = ids.shape
     T = uniforms.shape[-1]
     device = ids.device
-    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else _null()
+    ctx = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     cache = KVCache(cfg, K * B, Lp + T, device, autocast_dtype or torch.float32)
     pos = (attn.cumsum(-1) - 1).clamp_min(0)
     out = torch.full((K, B, T), pad_id, dtype=ids.dtype, device=device)
@@ -239,14 +240,6 @@ def generate(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Ten
                              cache=cache)[:, :, -1]  # fmt: skip
         next_pos = next_pos + 1
     return out
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 class StackedAdamW:
