@@ -130,10 +130,8 @@ def build_configs(
 def build_controller(remedy: str | None, *, seed: int = 0, **configs: Any) -> CollapseController:
     """The :class:`CollapseController` of one run: ``configs`` are :func:`build_configs`'s keywords
     (every value checked there); ``seed`` seeds the generator of random virtual rewards (AVSPO
-    ``random_uniform``), unless the remedy's config has a ``seed``."""
+    ``random_uniform``), unless the remedy's config has a ``seed`` (CollapseController's rule)."""
     remedy, config, acr_cfg, monitor_cfg = build_configs(remedy, **configs)
-    if getattr(config, "seed", None) is not None:
-        seed = config.seed
     return CollapseController(remedy, config, acr=acr_cfg, monitor=monitor_cfg, seed=int(seed))
 
 

@@ -606,8 +606,8 @@ class GPURemediesStudy:
         p.add_argument("--k", type=int, default=1, help="runs at once on this device (separate processes, or one "
                        "stacked batch with --engine stacked)")  # fmt: skip
         p.add_argument("--engine", choices=["process", "stacked"], default="stacked",
-                       help="stacked: K runs in one process, their weights stacked (study/engine.py; 3.3x eight "
-                       "processes on a 2-core CPU); process: one process per run, its own transformers model. Runs "
+                       help="stacked: K runs in one process, their weights stacked (study/engine.py; measured "
+                       "against the other in experiments/remedies_gpu/README.md); process: one process per run, its own transformers model. Runs "
                        "of the two engines never pair (each samples with its own random numbers): a study keeps one")  # fmt: skip
         p.add_argument("--threads", type=int, help="CPU threads per run (default: the cores / K)")
         p.add_argument("--start-runs-for", type=float, metavar="MIN", help="start no run after this many minutes "
@@ -663,11 +663,20 @@ class GPURemediesStudy:
             return 2
 
     def _report_only(self, args, out: Path, published: Path | None) -> int:
-        base = Path(args.out)
-        pub = Path(args.publish) if args.publish else None
-        lr = self.collect(base / "lr_check", pub / "lr_check" if pub else None) if self.lr_check else []
-        print(self.report(self.collect(out, published), published or out, self.failures(out), lr), flush=True)
+        print(self._rebuild(args, out, published), flush=True)
         return 0
+
+    def _rebuild(self, args, out: Path, published: Path | None) -> str:
+        """The report of what is finished: the study's (with the learning-rate check beside it), or
+        the check's own page with ``--lr-check``."""
+        if args.lr_check:  # validation pass@1 per arm and learning rate
+            text = "\n".join(self.lr_lines(self.collect(out, published))) + "\n"
+            (published or out).mkdir(parents=True, exist_ok=True)
+            atomic_write((published or out) / "results.md", text)
+            return text
+        pub = Path(args.publish) / "lr_check" if args.publish else None
+        lr = self.collect(Path(args.out) / "lr_check", pub) if self.lr_check else []
+        return self.report(self.collect(out, published), published or out, self.failures(out), lr)
 
     def _run(self, args, p, out: Path, published: Path | None, settings: Settings, shard: tuple[int, int]) -> int:
         model = args.model
@@ -715,17 +724,9 @@ class GPURemediesStudy:
         todo = [(a, s) for a, s in order[i::n] if (a, s) not in done]
         jobs = [Job(specs[a, s], out / f"{a}_seed{s}") for a, s in todo]
 
-        lr_out, lr_pub = Path(args.out) / "lr_check", Path(args.publish) / "lr_check" if args.publish else None
-
         def report() -> str:
             try:
-                if args.lr_check:  # the check's own page: validation pass@1 per arm and learning rate
-                    text = "\n".join(self.lr_lines(self.collect(out, published))) + "\n"
-                    (published or out).mkdir(parents=True, exist_ok=True)
-                    atomic_write((published or out) / "results.md", text)
-                    return text
-                lr = self.collect(lr_out, lr_pub) if self.lr_check else []
-                return self.report(self.collect(out, published), published or out, self.failures(out), lr)
+                return self._rebuild(args, out, published)
             except ImportError as e:  # a bare GPU machine without scipy/statsmodels: the runs are published
                 return f"[study] no report here ({e}); rebuild it with --report-only where scipy is installed"
 

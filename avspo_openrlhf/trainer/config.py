@@ -485,8 +485,8 @@ def build_controller(args):
 
     cfg = settings(args)
     remedy, config = cfg.remedy, cfg.remedy_config
-    seed = getattr(config, "seed", None)  # a remedy's own seed (AVSPO's random_uniform), else the run's
-    seed = seed if seed is not None else getattr(getattr(args, "train", None), "seed", 0)
+    # the run's seed; a remedy config's own seed (AVSPO's --avspo.seed) wins inside CollapseController
+    seed = getattr(getattr(args, "train", None), "seed", 0)
     return CollapseController(remedy, config, acr=cfg.acr, monitor=cfg.monitor, seed=seed)
 
 
