@@ -4,14 +4,18 @@ Stratified strategy, gate open, 40% collapsed groups (half all-right, half all-w
 Both estimators go through `group_advantages`, so both include the NaN check and the ACR stats
 every training step logs anyway; "bare" is the textbook GRPO (torch.std_mean, normalize) for
 reference.
-Prints the median time of interleaved repeats and the ratios, all measured in this one run.
+Prints the median time of interleaved repeats and the ratios, all measured in this one run; with
+``--out PREFIX`` also writes PREFIX.md (the table docs/architecture.md shows, naming the CPU, torch,
+threads and dtype) and PREFIX.json.
 
-    python benchmarks/bench_advantages.py [--sizes 4096 65536] [--repeats 200] [--threads 1]
+    python benchmarks/bench_advantages.py [--sizes 4096 65536] [--repeats 200] [--threads 1] \
+        [--out benchmarks/results/bench_advantages]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import time
@@ -19,6 +23,7 @@ import time
 import torch
 
 from avspo_openrlhf.algo import group_advantages
+from avspo_openrlhf.cpu.dtype import cpu_kind
 
 
 def make_rewards(n: int, g: int, collapsed: float, seed: int = 0) -> torch.Tensor:
@@ -52,6 +57,7 @@ def main() -> None:
     ap.add_argument("--collapsed", type=float, default=0.4, help="fraction of collapsed groups")
     ap.add_argument("--repeats", type=int, default=300, help="timed calls per estimator")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--out", help="also write OUT.md and OUT.json (the published table)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -63,6 +69,7 @@ def main() -> None:
         f"torch {torch.__version__}, {args.threads} thread(s), G={args.group_size}, {args.collapsed:.0%} collapsed, stratified, gate open"
     )
     print(f"{'N':>7} {'bare us':>9} {'grpo us':>9} {'avspo us':>9} {'avspo/grpo':>11} {'avspo/bare':>11}")
+    rows = []
     for n in args.sizes:
         r = make_rewards(n, args.group_size, args.collapsed)
         _, info = cases["avspo"](r)
@@ -88,6 +95,34 @@ def main() -> None:
         print(
             f"{n:>7} {med['bare']:>9.1f} {med['grpo']:>9.1f} {med['avspo']:>9.1f} {med['avspo'] / med['grpo']:>10.3f}x {med['avspo'] / med['bare']:>10.3f}x"
         )
+        rows.append({"n": n, "median_us": med})
+    if args.out:
+        record = {"cpu": cpu_kind(), "torch": torch.__version__, "threads": args.threads, "dtype": "fp32",
+                  "group_size": args.group_size, "collapsed": args.collapsed, "repeats": args.repeats, "rows": rows}  # fmt: skip
+        with open(args.out + ".json", "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        with open(args.out + ".md", "w", encoding="utf-8") as f:
+            f.write(page(record))
+
+
+def _us(x: float) -> str:
+    return f"{x / 1000:.2f} ms" if x >= 1000 else f"{x:.0f} µs"
+
+
+def page(r: dict) -> str:
+    """The published table: median time per call of each estimator, and AVSPO's ratio to ours."""
+    lines = [
+        f"Measured by `benchmarks/bench_advantages.py` on {r['cpu']}, torch {r['torch']}, {r['threads']} thread(s), "
+        f"{r['dtype']} rewards, G = {r['group_size']}, {r['collapsed']:.0%} collapsed, median of {r['repeats']} calls:",
+        "",
+        "| N × G | bare GRPO | our GRPO | AVSPO | AVSPO / our GRPO |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in r["rows"]:
+        m = row["median_us"]
+        lines.append(f"| {row['n']} × {r['group_size']} | {_us(m['bare'])} | {_us(m['grpo'])} | {_us(m['avspo'])} | {m['avspo'] / m['grpo']:.2f}× |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

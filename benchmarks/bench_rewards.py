@@ -7,17 +7,23 @@ retried after overrunning the timeout once (both 0 on a healthy machine: the tim
 worker's CPU time from when it begins the sample), and hangs (a future not resolved within the
 per-sample timeout bound). Target: >= 200/s/core, p99 < 50 ms, 0 hangs.
 
-    python benchmarks/bench_rewards.py [--data ../shared/data/math_test.jsonl] [--workers 2]
+    python benchmarks/bench_rewards.py [--data ../shared/data/math_test.jsonl] [--workers 2] \
+        [--out benchmarks/results/bench_rewards]
+
+``--out PREFIX`` also writes PREFIX.md (the table docs/architecture.md shows, naming the CPU) and
+PREFIX.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+from avspo_openrlhf.cpu.dtype import cpu_kind
 from avspo_openrlhf.data.io import load_local
 from avspo_openrlhf.rewards import VerifierPool
 
@@ -35,6 +41,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count(), help="N for the parallel run")
     ap.add_argument("--timeout", type=float, default=5.0, help="per-sample timeout, seconds")
     ap.add_argument("--limit", type=int, default=None, help="use only the first N problems")
+    ap.add_argument("--out", help="also write OUT.md and OUT.json (the published table)")
     args = ap.parse_args()
     rows = load_local(args.data, "math_test", skip_bad_rows=True).rows[: args.limit]
     sols, golds = [r["solution"] for r in rows], [r["answer"] for r in rows]
@@ -43,6 +50,7 @@ def main() -> None:
         f"{'workers':>7} {'verif/s':>8} {'/s/core':>8} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'correct':>8} {'timeouts':>8} "
         f"{'retried':>8} {'hangs':>5}"
     )
+    out = []
     for workers, sequential in ((1, True), (args.workers, False)):
         with VerifierPool(workers, args.timeout) as pool:
             pool.score(sols[:20], golds[:20])  # warm the workers
@@ -75,6 +83,40 @@ def main() -> None:
             f"{workers:>7} {rate:8.0f} {rate / workers:8.0f} {p50} {p99} {mx} {correct:8.2%} {timeouts:8.2%} "
             f"{retried:8.2%} {hangs:>5}"
         )
+        out.append({"workers": workers, "sequential": sequential, "per_s": rate, "correct": correct, "timeouts": timeouts,
+                    "retried": retried, "hangs": hangs, "latency_ms": None if not lat else
+                    {"p50": statistics.median(lat) * 1e3, "p99": pct(lat, 0.99) * 1e3, "max": max(lat) * 1e3}})  # fmt: skip
+    if args.out:
+        record = {
+            "cpu": cpu_kind(),
+            "solutions": len(rows),
+            "data": Path(args.data).name,
+            "timeout_s": args.timeout,
+            "rows": out,
+        }
+        with open(args.out + ".json", "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+        with open(args.out + ".md", "w", encoding="utf-8") as f:
+            f.write(page(record))
+
+
+def page(r: dict) -> str:
+    """The published table: throughput, latency and outcomes, one worker at a time and all at once."""
+    lines = [
+        f"Measured by `benchmarks/bench_rewards.py` on {r['cpu']}: the {r['solutions']:,} reference solutions of "
+        f"`{r['data']}`, timeout {r['timeout_s']:g} s:",
+        "",
+        "| workers | verifications/s | per worker | p50 | p99 | max | correct | timeouts | hangs |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in r["rows"]:
+        lat = row["latency_ms"]
+        p = [f"{lat[k]:.1f} ms" for k in ("p50", "p99", "max")] if lat else ["–"] * 3
+        how = "one at a time" if row["sequential"] else "all submitted"
+        lines.append(f"| {row['workers']} ({how}) | {row['per_s']:.0f} | {row['per_s'] / row['workers']:.0f} | {' | '.join(p)} | "
+                     f"{row['correct']:.0%} | {row['timeouts']:.0%} | {row['hangs']} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

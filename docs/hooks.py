@@ -6,11 +6,20 @@
    between them work on the site as on GitHub. A link a ``docs/`` page writes as on GitHub
    (``../experiments/remedies/README.md``) is mapped to the mounted page.
 2. ``<!-- generated: collapsed-group-advantages -->`` in a page becomes the table of the advantage
-   each remedy gives a collapsed group, computed by the code at build time (never typed by hand).
+   each remedy gives a collapsed group, computed by the code at build time (never typed by hand);
+   ``<!-- generated: remedy-costs -->`` the table of each remedy's effect and costs, read from the
+   remedies study's and the RL-ZVP benchmark's result files.
 3. A study's generated page (``experiments/<study>/**/results*.md`` and the like, not its README) starts
    with a heading naming its study, as the nav calls the study, and what the file holds
    ("Async throughput: untuned-bf16 results"): the study writes the file without one, since its README
    includes it, and the page would otherwise be titled after its file name ("Results").
+4. A short table cell (``SHORT_CELL`` characters of text or fewer: a number with its interval, a
+   name, a setting) reads on one line (``class="short"``): a wide table scrolls sideways instead of
+   laying its numbers out a word per line; longer cells wrap.
+5. An option name in the text (``--acr.reward_range``, ``-e``; code blocks left alone) is kept on one
+   line by a ``<span class="nobr">`` around it, and nothing else is: a long command in a table wraps
+   at its spaces instead of squeezing the other columns, and a browser no longer breaks a name after
+   its ``--`` (what it does with a hyphen). The text a reader copies is unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +39,9 @@ MOUNTED = {  # folder -> file suffixes mounted from it (recursively)
 }
 LINK = re.compile(r"(!?\[[^\]]*\]\()([^)\s#]+)(#[^)\s]*)?((?:\s+\"[^\"]*\")?\))")
 TABLE_MARKER = "<!-- generated: collapsed-group-advantages -->"
+COST_MARKER = "<!-- generated: remedy-costs -->"
+REMEDIES_STUDY = "experiments/remedies/results/results.json"
+RL_ZVP_BENCH = "benchmarks/results/bench_rl_zvp_step_cpu_runs.json"
 
 
 def _mounted(repo_path: str) -> bool:
@@ -172,10 +184,115 @@ def generated_page_title(repo_path: str, nav_titles: dict[str, str]) -> str | No
     return f"{study}: {' '.join(words)}"
 
 
+# what each remedy adds beyond GRPO's step by construction (docs/algorithm.md): memory is not measured
+# per remedy, the arrays it keeps are named instead
+COSTS = {  # study method -> (flag, extra compute in the step, extra memory)
+    "GRPO": ("(none)", "none", "none"),
+    "AVSPO": ("`--remedy avspo`", "an affine map of the `[N, G]` rewards", "`[N, G]` floats"),
+    "DAPO-DS": ("`--dynamic.std_filter`", "the refill rounds' generation", "the kept groups of a step until it is full"),
+    "NGRPO": ("`--remedy ngrpo`", "an affine map of the `[N, G]` rewards", "`[N, G]` floats"),
+    "GRESO": ("`--greso.enable`", "the audits' generation (`--greso.audit`)", "a short history per prompt seen"),
+    "GRESO+AVSPO": ("`--greso.enable --remedy avspo`", "as GRESO and AVSPO", "as GRESO"),
+    "RL-ZVP": ("`--remedy rl_zvp`", "token advantages from the step's own entropies: {rl_zvp}", "one float per token of the zero-variance groups"),
+}  # fmt: skip
+
+
+def remedy_cost_table() -> str:
+    """Each remedy's effect beside its costs: the remedies study's paired difference from GRPO, training
+    wall time, updates and generation per trained sample at its equal token budget, and the extra step
+    compute and memory, with the machine and precision the runs recorded."""
+    import json
+    import statistics
+
+    study = json.loads((ROOT / REMEDIES_STUDY).read_text(encoding="utf-8"))
+    bench = json.loads((ROOT / RL_ZVP_BENCH).read_text(encoding="utf-8"))
+    runs: dict[str, list[dict]] = {}
+    for run in study["runs"]:
+        runs.setdefault(run["method"], []).append(run)
+    first = study["runs"][0]
+    ratio = bench["step_ratio"]["after/grpo"]
+    rl_zvp = (
+        f"step time x{ratio:.2f} of GRPO's (`benchmarks/bench_rl_zvp_step.py`: "
+        f"{bench['model']} model, {bench['device']}, {bench['dtype']})"
+    )
+    rows = [
+        f"Measured on {first['cpu']}, policy and engine in {first['precision']['policy'].replace('float', 'fp')}, "
+        f"every run stopped at {study['budget_tokens']:,} generated tokens ([the study](../experiments/remedies/README.md), "
+        "[its table](../experiments/remedies/results/results.md)); mean over seeds, the difference paired by seed "
+        "with its 95 % bootstrap interval:",
+        "",
+        "| remedy | flag | held-out vs GRPO (points) | training wall time (min) | updates | generated ÷ trained samples "
+        "| extra compute in a step | extra memory |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for method, (flag, compute, memory) in COSTS.items():
+        mine = runs.get(method, [])
+        if not mine:
+            continue
+        vs = study["summary"][method]["vs_GRPO"]
+        effect = (
+            "-"
+            if vs is None
+            else f"{100 * vs['diff']:+.1f} [{100 * vs['ci95'][0]:+.1f}, {100 * vs['ci95'][1]:+.1f}] ({vs['seeds']} seeds)"
+        )
+        wall = statistics.mean(r["train_wall_min"] for r in mine)
+        steps = statistics.mean(r["steps"] for r in mine)
+        per = statistics.mean(r["generated_per_trained"] for r in mine)
+        rows.append(
+            f"| {method} | {flag} | {effect} | {wall:.1f} | {steps:.0f} | {per:.2f} | {compute.format(rl_zvp=rl_zvp)} | {memory} |"
+        )
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown, page, config, files):
     title = generated_page_title(_repo_path(page), _nav_titles(config.nav))
     if title and not markdown.lstrip().startswith("# "):
         markdown = f"# {title}\n\n{markdown}"
     if TABLE_MARKER in markdown:
         markdown = markdown.replace(TABLE_MARKER, collapsed_group_table())
+    if COST_MARKER in markdown:
+        markdown = markdown.replace(COST_MARKER, remedy_cost_table())
     return _rewrite_links(markdown, _repo_path(page))
+
+
+# a page's tags and the text between them; text inside these is left as it is
+TAG = re.compile(r"(<[^>]+>)")
+VERBATIM = ("pre", "script", "style")
+# an option name: one or two hyphens, a letter, then letters, digits, _ . - ending on a word character
+OPTION = re.compile(r"(?<![\w.\-])(--?[A-Za-z][\w.\-]*\w)")
+
+
+def keep_names_whole(html: str) -> str:
+    """Each option name in the text (inline code or not; code blocks, scripts and styles left alone)
+    wrapped in ``<span class="nobr">`` (``extra.css``)."""
+    out, verbatim = [], 0
+    for part in TAG.split(html):
+        if part.startswith("<"):
+            name = re.match(r"</?([a-zA-Z0-9]+)", part)
+            if name and name.group(1).lower() in VERBATIM and not part.endswith("/>"):
+                verbatim += -1 if part.startswith("</") else 1
+            out.append(part)
+        else:
+            out.append(part if verbatim else OPTION.sub(r'<span class="nobr">\1</span>', part))
+    return "".join(out)
+
+
+SHORT_CELL = 48
+CELL = re.compile(r"<(td|th)((?:\s[^>]*)?)>(.*?)</\1>", re.S)
+
+
+def short_cells_on_one_line(html: str) -> str:
+    """Each table cell of at most ``SHORT_CELL`` characters of text gets ``class="short"`` (``extra.css``)."""
+
+    def cell(m: re.Match) -> str:
+        tag, attrs, body = m.groups()
+        text = re.sub(r"<[^>]+>", "", body).strip()
+        if len(text) > SHORT_CELL or "class=" in attrs:
+            return m.group(0)
+        return f'<{tag}{attrs} class="short">{body}</{tag}>'
+
+    return CELL.sub(cell, html)
+
+
+def on_page_content(html, page, config, files):
+    return short_cells_on_one_line(keep_names_whole(html))

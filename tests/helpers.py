@@ -1,6 +1,7 @@
-"""Shared test helpers: where the shared data lives."""
+"""Shared test helpers: where the shared data lives, the tiny model's assets, the metrics page's names."""
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,30 @@ def tiny_assets(root: Path, n_prompts: int = 32) -> dict:
     from avspo_openrlhf.cpu import tiny
 
     return tiny.tiny_assets(str(root), n_prompts)
+
+
+METRICS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+
+
+def documented_metrics(text: str | None = None) -> re.Pattern:
+    """Every name docs/metrics.md writes in backticks, as one pattern: ``*`` is any suffix,
+    ``<level>`` one path part (``acr_by_level/<level>`` matches ``acr_by_level/add1``)."""
+    text = METRICS_PAGE.read_text(encoding="utf-8") if text is None else text
+    # the page's renaming rule (``acr_<view>`` becomes ``acr/<view>``, ``<remedy>/*`` keeps its name)
+    # would match any name: TRL's and verl's names are mapped back instead (undocumented_metrics)
+    names = {n for n in re.findall(r"`([A-Za-z0-9_/<>*.-]+)`", text) if not re.search(r"^<[^>]+>/\*$|<view>|<name>", n)}
+    parts = [re.sub(r"<[^>/]+>", "[^/]+", re.escape(n).replace(r"\*", ".*").replace(r"\<", "<").replace(r"\>", ">")) for n in names]  # fmt: skip
+    return re.compile("|".join(sorted(parts)))
+
+
+def undocumented_metrics(keys) -> list[str]:
+    """The logged names docs/metrics.md does not list (a front-end's logs checked against the page).
+    A TRL/verl name ``acr/<x>`` counts as listed when the controller's name it comes from is
+    (``acr_<x>`` or ``<x>``: the page's renaming rule, integrations.framework_metrics)."""
+    pattern = documented_metrics()
+
+    def listed(k: str) -> bool:
+        x = k.removeprefix("acr/")
+        return any(pattern.fullmatch(n) for n in {k, *((f"acr_{x}", x) if k.startswith("acr/") else ())})
+
+    return sorted(k for k in set(keys) if not listed(k))

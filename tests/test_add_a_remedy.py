@@ -115,30 +115,31 @@ def test_a_plugin_remedy_named_like_a_flag_group_is_refused_in_one_line(qae, tmp
 
 
 @pytest.mark.slow
-def test_avspo_train_backend_cpu_trains_with_the_plugins_remedy(tmp_path_factory):
-    """A subprocess, as a user runs it: the driver imports the plugin before the parser, every Ray
-    worker that builds the controller re-imports it (an unknown estimator would stop the run)."""
+def test_the_pages_complete_cpu_command_trains_with_the_plugins_remedy(tmp_path):
+    """docs/add_a_remedy.md's complete ``--backend cpu`` command, run as it stands (only ``.venv/bin/``
+    is this interpreter's folder) from a folder that has the repository's ``examples/``: the driver
+    imports the plugin before the parser, every Ray worker that builds the controller re-imports it
+    (an unknown estimator would stop the run)."""
     pytest.importorskip("vllm")
     pytest.importorskip("deepspeed")
-    from helpers import tiny_assets
-    from test_cpu_pipeline import ENV, _flags
+    from helpers import undocumented_metrics
+    from test_cpu_pipeline import ENV
+    from test_docs_snippets import blocks
 
     from avspo_openrlhf.report import read_metrics
 
-    assets = tiny_assets(tmp_path_factory.mktemp("qae_assets"))
-    out = tmp_path_factory.mktemp("qae")
-    flags = _flags(assets, out, "--run.max_steps", "2", "--ckpt.save_steps", "-1")
-    i = flags.index("--remedy")
-    flags[i + 1] = "qae"
-    flags += ["--plugin", EXAMPLE, "--qae.quantile", "0.5"]
-    cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=480, env=ENV, cwd=ROOT)
+    [block] = [b for b in blocks("docs/add_a_remedy.md") if b.reason and "tests/test_add_a_remedy.py runs this block" in b.reason]  # fmt: skip
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    code = block.code.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
+    r = subprocess.run(["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True, timeout=480, env=ENV, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    out = tmp_path / "runs" / "qae"
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     assert [row["step"] for row in rows] == [1, 2]
+    assert not undocumented_metrics(k for row in rows for k in row), "docs/metrics.md misses a name avspo-train logged"
     # the remedy's controller ran (tau_adapt_used is logged only with an estimator), collapsed groups stay 0
     assert all("tau_adapt_used" in row and row["acr_effective"] == pytest.approx(row["acr_shaped"]) for row in rows)
-    assert (out / "final" / "model.safetensors").exists()
+    assert (out / "final" / "model.safetensors").exists() and list((out / "report" / "plots").glob("*.png"))
 
 
 # ── TRL ──

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, tiny_assets
+from helpers import FIXTURES, tiny_assets, undocumented_metrics
 
 from avspo_openrlhf.algo import ACRConfig, AdaptiveThreshold
 from avspo_openrlhf.cli.console import own_line
@@ -70,6 +70,8 @@ def _check_metrics(rows):
         if r["gate_open"]:
             assert r["acr_effective"] == 0.0 and r["num_virtual_k"] >= 1
         assert set(r) >= {"tau_adapt", "acr_cum", "frac_reward_zero_std", "monitor/entropy", "acr_100_so_far"}
+        missing = undocumented_metrics(r)
+        assert not missing, f"docs/metrics.md does not list these names avspo-train logged: {missing}"
         levels = {k.split("/")[1] for k in r if k.startswith("acr_by_level/")}
         assert levels and levels <= {"add1", "add2"}  # the levels present in this batch
         assert all(f"acr_effective_by_level/{lv}" in r for lv in levels)
@@ -334,6 +336,8 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
     rows, evals = read_metrics(str(tmp_path / "report" / "metrics.jsonl"))
     assert [x["step"] for x in rows] == [1, 2, 3]
     assert evals and {"add1/pass1", "mul1/pass1", "add2/pass1"} <= set(evals[0])  # eval/<level>/pass1
+    missing = undocumented_metrics(k for e in evals for k in e)
+    assert not missing, f"docs/metrics.md does not list these evaluation names avspo-train logged: {missing}"
     for png in ("training_curves.png", "heldout_accuracy.png"):
         assert (tmp_path / "report" / "plots" / png).stat().st_size > 10_000
     assert list((tmp_path / "report" / "wandb").glob("offline-run-*"))

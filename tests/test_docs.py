@@ -13,6 +13,7 @@ lone one-decimal number is not checked: the generated files hold a third of all 
 from __future__ import annotations
 
 import html
+import os
 import re
 import subprocess
 import sys
@@ -248,7 +249,9 @@ def test_every_page_has_its_own_title(site):
 
 def test_the_sites_stylesheet_keeps_names_whole_and_wide_tables_scrolling(site):
     css = (site / "stylesheets" / "extra.css").read_text(encoding="utf-8")
-    assert re.search(r"table:not\(\[class\]\) code\s*\{\s*white-space: nowrap", css)
+    assert re.search(r"span\.nobr\s*\{\s*white-space: nowrap", css)
+    flags = (site / "flags" / "index.html").read_text(encoding="utf-8")
+    assert '<code><span class="nobr">--acr.reward_range</span></code>' in flags  # docs/hooks.py wraps the names
     assert "overflow-x: auto" in css
     assert 'href="../stylesheets/extra.css"' in (site / "flags" / "index.html").read_text(encoding="utf-8")
 
@@ -281,3 +284,64 @@ def test_the_built_site_shows_no_include_marker(site):
     shown = [p.relative_to(site).as_posix() for p in sorted(site.rglob("*.html"))
              if INCLUDE_MARKER.search(html.unescape(re.sub(r"<[^>]+>", "", p.read_text(encoding="utf-8"))))]  # fmt: skip
     assert not shown, f"pages showing an include marker: {shown}"
+
+
+def _hooks():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_option_names_are_kept_whole_outside_code_blocks_and_short_cells_on_one_line():
+    pytest.importorskip("mkdocs", reason="the docs tools are not installed: pip install -r requirements-docs.txt")
+    hooks = _hooks()
+    page = ('<p>set <code>--acr.reward_range 0 10</code> or --x.y, not non-zero, -0.5, a--b</p>'
+            '<pre><code>avspo-train --backend cpu</code></pre><td>short</td><td>' + "long " * 12 + "</td>")  # fmt: skip
+    out = hooks.short_cells_on_one_line(hooks.keep_names_whole(page))
+    assert re.findall(r'<span class="nobr">([^<]*)</span>', out) == ["--acr.reward_range", "--x.y"]
+    assert "<pre><code>avspo-train --backend cpu</code></pre>" in out  # a code block wraps nothing
+    assert '<td class="short">short</td>' in out and "<td>long" in out
+    assert re.sub(r"<[^>]+>", "", out) == re.sub(r"<[^>]+>", "", page)  # the text a reader copies is the same
+
+
+def _browser():
+    sys.path.insert(0, str(ROOT / "tests"))
+    import site_in_browser
+
+    if site_in_browser.chromium() is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI installs Chromium (.ci/run): the site's layout check must run there")
+        pytest.skip("no Chromium (apt-get install chromium): the site was not checked in a browser")
+    return site_in_browser
+
+
+def test_the_browser_check_finds_a_broken_name_a_cut_table_a_squeezed_cell_and_an_include(tmp_path):
+    """The checker itself, on a page made to fail each way (a checker that finds nothing proves nothing)."""
+    browser = _browser()
+    words = " ".join(["word"] * 12)
+    (tmp_path / "page").mkdir()
+    (tmp_path / "page" / "index.html").write_text(
+        '<html><body><div class="md-content" style="width:300px"><div class="md-typeset">'
+        '<p style="width:120px">see the option --acr.reward_range here</p>'
+        '<table style="display:block;overflow:hidden;width:200px"><tr><td>x</td><td style="white-space:nowrap">'
+        + "wide " * 40 + "</td></tr></table>"
+        f'<table><tr><td style="width:20px">{words}</td><td style="white-space:nowrap">{"w" * 200}</td></tr></table>'
+        '<p>--8&lt;-- "examples/qae_remedy.py"</p></div></div></body></html>',
+        encoding="utf-8",
+    )  # fmt: skip
+    [(page, found)] = browser.check(tmp_path).items()
+    assert found["broken_names"] == ["--acr.reward_range"], found
+    assert found["cut_tables"] and found["squeezed_cells"] and found["includes"], found
+
+
+def test_the_site_reads_whole_in_a_browser_at_1280_px(site):
+    """Every page in headless Chromium at 1280 px: no name broken across lines, no table cut or squeezed,
+    no unrendered include (tests/site_in_browser.py says how each is measured)."""
+    browser = _browser()
+    findings = browser.check(site)
+    assert len(findings) > 30 and not any("error" in f for f in findings.values()), findings
+    bad = browser.failures(findings)
+    assert not bad, f"pages that do not read whole at {browser.WIDTH} px: {bad}"

@@ -77,6 +77,32 @@ def test_check_helpers(tmp_path):
         check_model(str(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("config", "limit"),
+    [
+        ({"max_position_embeddings": 512}, 512),
+        ({"n_positions": 1024}, 1024),  # gpt2's name
+        ({"text_config": {"max_position_embeddings": 256}}, 256),  # a multimodal config's language model
+        ({"max_position_embeddings": 512, "rope_scaling": {"type": "linear", "factor": 4}}, None),  # vLLM decides
+        ({}, None),
+    ],
+)
+def test_a_max_len_beyond_the_models_positions_fails_before_ray(tmp_path, capsys, config, limit):
+    """vLLM refused it only once Ray and the engine had started, as a pydantic traceback."""
+    from avspo_openrlhf.cli.preflight import model_max_positions
+
+    args = _flags(tmp_path, _rows(tmp_path, GOOD))
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    assert model_max_positions(str(tmp_path / "model")) == limit
+    if limit is None:
+        return
+    msg = _fails(capsys, [*args, "--data.max_len", str(limit + 1)])
+    assert (
+        msg.removeprefix("avspo-train: error: ").startswith(f"--data.max_len {limit + 1} ")
+        and f"set --data.max_len {limit} or less" in msg
+    ), msg
+
+
 def test_a_ray_address_where_nothing_answers_fails_in_one_line(tmp_path, capsys, monkeypatch):
     """RAY_ADDRESS left over from another shell: the CPU backend's ray.init retried it for minutes."""
     import socket

@@ -28,6 +28,7 @@ except md.PackageNotFoundError:
 
 import transformers  # noqa: E402
 import trl  # noqa: E402
+from helpers import undocumented_metrics  # noqa: E402
 from transformers.integrations.integration_utils import rewrite_logs  # noqa: E402
 from trl.trainer import grpo_trainer  # noqa: E402
 from trl.trainer.utils import nanstd  # noqa: E402
@@ -201,6 +202,8 @@ def test_trl_trains_on_the_closed_forms(assets, case):
         assert (torch.cat(tr.advantages) != 0).sum() > 8
     logs = acr_logs(tr)
     assert len(logs) == 2 and all(h["acr"] == 0.5 for h in logs)
+    missing = undocumented_metrics(k for h in tr.state.log_history for k in h)
+    assert not missing, f"docs/metrics.md does not list these names TRL logged: {missing}"
     if remedy == "avspo":  # the strategy reached the controller: its K (opposite: one virtual sample)
         strategy = remedy_config(case).strategy
         assert tr.controller.config.strategy == strategy and strategy == case.partition("-")[2]

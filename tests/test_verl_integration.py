@@ -21,6 +21,7 @@ try:
 except md.PackageNotFoundError:
     pytest.skip("verl is not installed: pip install --no-deps -r requirements-verl.txt (setup.sh does)", allow_module_level=True)  # fmt: skip
 
+from helpers import undocumented_metrics  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 from verl import DataProto  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
@@ -86,6 +87,9 @@ def test_compute_advantage_gives_the_closed_forms(case):
         assert (adv.abs().sum(dim=1) > 0).sum() > 8  # more rows than the two mixed groups' 8
     m = plugin.acr_metrics(cfg)
     assert m["acr"] == 0.5 and m["acr/all_right"] == 0.25 and m["acr/all_wrong"] == 0.25
+    assert not undocumented_metrics(m), (
+        f"docs/metrics.md does not list these names verl logs: {undocumented_metrics(m)}"
+    )
     if remedy == "avspo":  # the strategy reached the run's controller: its K (opposite: one virtual sample)
         assert plugin.controller_of(cfg).config.strategy == options["strategy"] and m["acr/gate_open"] == 1.0
         assert m["acr/num_virtual_k"] == num_virtual(4, 0.5, 1.0, options["strategy"])

@@ -177,6 +177,39 @@ def check_model(name: str | None, flag: str = "--actor.model_name_or_path") -> N
             raise PreflightError(f"{flag} {name}: no config.json in that folder")
 
 
+# the model config's position limit under the names transformers' configs use (vLLM reads the same)
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length")
+
+
+def model_max_positions(folder: str) -> int | None:
+    """The longest sequence a local model folder's config.json allows, or None when it does not say
+    (or rope scaling stretches it: vLLM's own rule then decides)."""
+    try:
+        with open(os.path.join(os.path.expanduser(folder), "config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    cfg = cfg.get("text_config", cfg) if isinstance(cfg, dict) else {}
+    if cfg.get("rope_scaling"):
+        return None
+    limits = [int(cfg[k]) for k in _POSITION_KEYS if isinstance(cfg.get(k), (int, float)) and cfg[k] > 0]
+    return min(limits) if limits else None
+
+
+def check_max_len(args) -> None:
+    """``--data.max_len`` (the rollout engine's max_model_len) within the model's positions: vLLM
+    refuses it only after Ray and the engine have started, deep in a traceback."""
+    name, max_len = args.actor.model_name_or_path, getattr(args.data, "max_len", None)
+    if not name or not max_len or not os.path.isdir(os.path.expanduser(name)):
+        return
+    limit = model_max_positions(name)
+    if limit is not None and max_len > limit:
+        raise PreflightError(
+            f"--data.max_len {max_len} (prompt + completion, the engine's max_model_len) is longer than "
+            f"{name}'s {limit} positions (config.json); set --data.max_len {limit} or less"
+        )
+
+
 # Runs in a child process: a reward file that hangs (at import or on a sample) or eats memory is
 # killed at the deadline instead of hanging avspo-train with no message.
 _REWARD_PROBE = r"""
@@ -434,6 +467,7 @@ def preflight(args, *, dry_run: bool = False, allow_missing: bool = False) -> li
     for path in tolerate(_local_files, getattr(args.eval, "dataset", None), keys) or []:
         check_rows(path, keys)
     tolerate(check_model, args.actor.model_name_or_path)
+    check_max_len(args)
     urls = args.reward.remote_url  # OpenRLHF's checks split "a,b" into a list
     for url in [urls] if isinstance(urls, str) else urls or []:
         if url.endswith(".py"):
