@@ -31,8 +31,15 @@ from contextlib import ExitStack, contextmanager
 
 from avspo_openrlhf.swap import Swap
 
-STAND_IN_MODULES = ("flash_attn", "flash_attn.bert_padding", "flash_attn.utils", "flash_attn.utils.distributed",
-                    "vllm", "vllm.inputs", "vllm.utils")  # fmt: skip
+STAND_IN_MODULES = (
+    "flash_attn",
+    "flash_attn.bert_padding",
+    "flash_attn.utils",
+    "flash_attn.utils.distributed",
+    "vllm",
+    "vllm.inputs",
+    "vllm.utils",
+)
 
 
 def _strategy_factory(on_ray_started=None):

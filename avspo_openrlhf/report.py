@@ -85,9 +85,13 @@ class WandbAutoLogger:
         mode = os.environ.get("WANDB_MODE") or ("online" if wandb.api.api_key else "offline")
         self.handle = wandb
         self.run = wandb.init(
-            project=args.logger.wandb.project or "avspo", name=args.logger.wandb.run_name, mode=mode, dir=run_dir,
-            config=_wandb_config(args), reinit=True,
-        )  # fmt: skip
+            project=args.logger.wandb.project or "avspo",
+            name=args.logger.wandb.run_name,
+            mode=mode,
+            dir=run_dir,
+            config=_wandb_config(args),
+            reinit=True,
+        )
         wandb.define_metric("train/global_step")
         wandb.define_metric("train/*", step_metric="train/global_step", step_sync=True)
 
@@ -134,14 +138,21 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
 
 
 PANELS = [
-    ("ACR by view", [("acr", "raw (correctness)"), ("acr_shaped", "shaped"), ("acr_effective", "effective (after the remedy)"),
-                     ("acr_gate", "ACR_gate (smoothed)")]),
+    (
+        "ACR by view",
+        [
+            ("acr", "raw (correctness)"),
+            ("acr_shaped", "shaped"),
+            ("acr_effective", "effective (after the remedy)"),
+            ("acr_gate", "ACR_gate (smoothed)"),
+        ],
+    ),
     ("ACR split", [("acr_all_wrong", "all-wrong"), ("acr_all_right", "all-right")]),
     ("reward", [("rollout/reward_mean", "mean reward")]),
     ("entropy (nats)", [("monitor/entropy", "token entropy")]),
     ("tau_adapt", [("tau_adapt", "tau_adapt")]),
     ("async staleness", [("async/staleness", "trainer step - generation version")]),
-]  # fmt: skip
+]
 
 
 SMOOTHED = {"rollout/reward_mean"}
@@ -159,14 +170,21 @@ def plot_run(metrics_path: str, out_dir: str) -> list[str]:
     panels = list(PANELS)
     levels = sorted({k.split("/", 1)[1] for r in train for k in r if k.startswith("acr_by_level/")})
     if levels:
-        panels.insert(1, ("ACR by level (raw solid, effective dashed)",
-                          [(f"acr_by_level/{lv}", f"{lv} raw") for lv in levels]
-                          + [(f"acr_effective_by_level/{lv}", f"{lv} effective") for lv in levels]))  # fmt: skip
+        panels.insert(
+            1,
+            (
+                "ACR by level (raw solid, effective dashed)",
+                [(f"acr_by_level/{lv}", f"{lv} raw") for lv in levels]
+                + [(f"acr_effective_by_level/{lv}", f"{lv} effective") for lv in levels],
+            ),
+        )
     eval_keys = sorted({k for r in evals for k in r if k.endswith("pass1")})
     if eval_keys:
         panels.append(("held-out accuracy", [(k, k) for k in eval_keys]))
-    shown = [(t, [(k, lab) for k, lab in series if any(k in r for r in (evals if t == "held-out accuracy" else train))])
-             for t, series in panels]  # fmt: skip
+    shown = [
+        (t, [(k, lab) for k, lab in series if any(k in r for r in (evals if t == "held-out accuracy" else train))])
+        for t, series in panels
+    ]
     shown = [(t, s) for t, s in shown if s]
     if not shown:
         return []
@@ -178,8 +196,13 @@ def plot_run(metrics_path: str, out_dir: str) -> list[str]:
         for key, label in series:
             pts = [(r["step"], r[key]) for r in src if key in r]
             style = "--" if key.startswith("acr_effective_by_level/") else "-"
-            line = ax.plot(*zip(*pts), style, marker="." if len(pts) < 60 else None, label=label,
-                           alpha=0.45 if key in SMOOTHED else 1.0)  # fmt: skip
+            line = ax.plot(
+                *zip(*pts),
+                style,
+                marker="." if len(pts) < 60 else None,
+                label=label,
+                alpha=0.45 if key in SMOOTHED else 1.0,
+            )
             if key in SMOOTHED and len(pts) >= 3:  # noisy per-step values: a trailing mean beside the raw curve
                 w = max(3, len(pts) // 5)
                 ys = [p[1] for p in pts]

@@ -103,8 +103,9 @@ def bootstrap_mean(d, rng: np.random.Generator, n_boot: int = 10_000) -> tuple[f
     return float(d.mean()), float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975)), p
 
 
-def bootstrap_gain(before: list[dict], after: list[dict], n_boot: int = 10_000, seed: int = 0,
-                   levels: Sequence[str] | None = None) -> dict[str, tuple[float, float, float]]:  # fmt: skip
+def bootstrap_gain(
+    before: list[dict], after: list[dict], n_boot: int = 10_000, seed: int = 0, levels: Sequence[str] | None = None
+) -> dict[str, tuple[float, float, float]]:
     """Held-out gain after - before of one model on the same problems (evaluation records with
     ``unique_id``, ``level`` and per-sample ``correct``), with a paired 95 % bootstrap interval over
     problems (a problem's accuracy is the mean over its samples). Returns ``{"all" | level: (gain,

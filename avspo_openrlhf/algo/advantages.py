@@ -195,9 +195,13 @@ def group_advantages(
     n = rewards.shape[0]
     stats = _classify(rewards, *group_moments(rewards), tol, reward_range)
     ctx = GroupContext(
-        rewards=rewards, tol=float(tol), reward_range=tuple(reward_range),
-        acr_gate=stats.acr if acr_gate is None else acr_gate, tau_adapt=tau_adapt, generator=generator,
-    )  # fmt: skip
+        rewards=rewards,
+        tol=float(tol),
+        reward_range=tuple(reward_range),
+        acr_gate=stats.acr if acr_gate is None else acr_gate,
+        tau_adapt=tau_adapt,
+        generator=generator,
+    )
     scale, offset, info = entry.fn(stats, config, ctx)
     adv = torch.addcmul(offset[:, None], rewards, scale[:, None])
     # effective collapse, read from what the estimator returned: a collapsed group whose advantages

@@ -63,9 +63,18 @@ def _avspo(stats: CollapseStats, cfg: AVSPOConfig, ctx: GroupContext):
         # Fast path: every collapsed group sits at lo or hi, and GRPO gave it scale = offset = 0,
         # so its advantage (the same for all its samples) goes into the offset: two [N] ops.
         (a_w, a_r), (still_w, still_r) = _canonical_advantages(
-            cfg.strategy, g, k, float(lo), float(hi), float(cfg.r_anchor), float(cfg.gamma), correction,
-            float(cfg.eps), float(ctx.tol), stats.mean.dtype,
-        )  # fmt: skip
+            cfg.strategy,
+            g,
+            k,
+            float(lo),
+            float(hi),
+            float(cfg.r_anchor),
+            float(cfg.gamma),
+            correction,
+            float(cfg.eps),
+            float(ctx.tol),
+            stats.mean.dtype,
+        )
         if fix_right:
             offset.add_(stats.all_right, alpha=a_r)
         if fix_wrong:
@@ -74,8 +83,16 @@ def _avspo(stats: CollapseStats, cfg: AVSPOConfig, ctx: GroupContext):
             still_r if fix_right else 1
         )
     else:
-        spec = strat.fn(stats.mean, stats.all_right, k, lo=lo, hi=hi, r_anchor=cfg.r_anchor, gamma=cfg.gamma,
-                        generator=ctx.generator)  # fmt: skip
+        spec = strat.fn(
+            stats.mean,
+            stats.all_right,
+            k,
+            lo=lo,
+            hi=hi,
+            r_anchor=cfg.r_anchor,
+            gamma=cfg.gamma,
+            generator=ctx.generator,
+        )
         m_aug, s_aug, s_aug_pop = augmented_group_stats(
             stats.mean, stats.ssd / g, g, k, spec.scale, *coef_moments(spec, stats.all_right), correction
         )

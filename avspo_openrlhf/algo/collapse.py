@@ -184,8 +184,10 @@ def _check_scored(rewards: torch.Tensor, scored: torch.Tensor, name: str) -> Non
     bad = scored & ~torch.isfinite(rewards)
     if bad.any():
         groups = bad.any(dim=1).nonzero().flatten()[:5].tolist()
-        raise ValueError(f"{name} contain {int(bad.sum())} non-finite scored value(s) (NaN/Inf); first bad groups: "
-                         f"{groups} (a completion without a score is scored=False)")  # fmt: skip
+        raise ValueError(
+            f"{name} contain {int(bad.sum())} non-finite scored value(s) (NaN/Inf); first bad groups: "
+            f"{groups} (a completion without a score is scored=False)"
+        )
 
 
 def collapse_stats(
@@ -208,8 +210,10 @@ def collapse_stats(
     if scored is None:
         return _classify(rewards, *group_moments(rewards), tol, reward_range)
     if scored.shape != rewards.shape or scored.dtype != torch.bool:
-        raise ValueError(f"scored must be a bool mask of the rewards' shape {tuple(rewards.shape)}, "
-                         f"got {scored.dtype} {tuple(scored.shape)}")  # fmt: skip
+        raise ValueError(
+            f"scored must be a bool mask of the rewards' shape {tuple(rewards.shape)}, "
+            f"got {scored.dtype} {tuple(scored.shape)}"
+        )
     scored = scored.to(rewards.device)
     mean, ssd, probe, count = _scored_moments(rewards, scored)
     return _classify(rewards, mean, ssd, probe, tol, reward_range, count=count, scored=scored)

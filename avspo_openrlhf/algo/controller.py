@@ -135,8 +135,9 @@ class CollapseController:
         self.tracker.observe(gate_stats)
 
         metrics = raw_stats.metrics()
-        metrics.update({k.replace("acr", "acr_shaped", 1): v for k, v in shaped_stats.metrics().items()
-                        if k != "acr_unscored"})  # fmt: skip
+        metrics.update(
+            {k.replace("acr", "acr_shaped", 1): v for k, v in shaped_stats.metrics().items() if k != "acr_unscored"}
+        )
         metrics["frac_reward_zero_std"] = shaped_stats.acr  # TRL's name for the same quantity
         metrics["reward_raw_mean"] = _scored_mean(raw, scored)
 
@@ -146,9 +147,15 @@ class CollapseController:
             full = None if shaped_scored is None else shaped_scored.all(dim=1)
             rows = shaped if full is None else shaped[full]
             ours, info = group_advantages(
-                rows, self.estimator, self.config, tol=self.tol, reward_range=self.reward_range,
-                acr_gate=self.tracker.acr_gate, tau_adapt=self.threshold.tau, generator=self.generator,
-            )  # fmt: skip
+                rows,
+                self.estimator,
+                self.config,
+                tol=self.tol,
+                reward_range=self.reward_range,
+                acr_gate=self.tracker.acr_gate,
+                tau_adapt=self.threshold.tau,
+                generator=self.generator,
+            )
             num_effective = round(info["acr_effective"] * rows.shape[0])
             if full is None:
                 adv = ours

@@ -33,6 +33,10 @@ def _ngrpo(stats: CollapseStats, cfg: NGRPOConfig, ctx: GroupContext):
     scale = torch.where(still, torch.zeros_like(std_aug), 1.0 / (std_aug + cfg.eps))
     if cfg.eps <= 0:
         scale = scale.nan_to_num(nan=0.0, posinf=0.0)
-    info = {"gate_open": True, "num_virtual_k": int(m), "num_virtual": torch.full((num_groups,), int(m), device=stats.mean.device),
-            "num_effective_collapsed": int(still.sum())}  # fmt: skip
+    info = {
+        "gate_open": True,
+        "num_virtual_k": int(m),
+        "num_virtual": torch.full((num_groups,), int(m), device=stats.mean.device),
+        "num_effective_collapsed": int(still.sum()),
+    }
     return scale, -mean_aug * scale, info

@@ -131,10 +131,15 @@ def _generator(args, model: str):
 
         backend = "vllm" if torch.cuda.is_available() else "vllm-cpu"
     return VLLMGenerator(
-        model, cpu=backend == "vllm-cpu", tensor_parallel=args.tp, data_parallel=args.dp,
-        max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization, seed=args.seed,
+        model,
+        cpu=backend == "vllm-cpu",
+        tensor_parallel=args.tp,
+        data_parallel=args.dp,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        seed=args.seed,
         cpu_dtype=args.cpu_dtype,
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,16 +158,23 @@ def _main(args) -> int:
     data = _datasets(args)
     if args.make_train_eval:
         n = write_eval_mix(data, args.make_train_eval, args.per_benchmark)
-        print(f"wrote {n} rows to {args.make_train_eval}: train with --eval.dataset {args.make_train_eval} "
-              "--data.input_key prompt --data.label_key answer --data.apply_chat_template --eval.steps 50 "
-              "--eval.temperature 0.1 --eval.n_samples_per_prompt 1")  # fmt: skip
+        print(
+            f"wrote {n} rows to {args.make_train_eval}: train with --eval.dataset {args.make_train_eval} "
+            "--data.input_key prompt --data.label_key answer --data.apply_chat_template --eval.steps 50 "
+            "--eval.temperature 0.1 --eval.n_samples_per_prompt 1"
+        )
         return 0
     dec = Decoding(args.n, args.temperature, args.top_p, args.max_new_tokens, args.seed)
     ks = args.k or [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= args.n]
     common = dict(
-        workers=args.workers, timeout_s=args.timeout, chunk=args.chunk, system_prompt=args.system_prompt,
-        chat_template=not args.no_chat_template, ks=ks, limit=args.limit,
-    )  # fmt: skip
+        workers=args.workers,
+        timeout_s=args.timeout,
+        chunk=args.chunk,
+        system_prompt=args.system_prompt,
+        chat_template=not args.no_chat_template,
+        ks=ks,
+        limit=args.limit,
+    )
 
     if args.run_dir:
         out = Path(args.output or os.path.join(args.run_dir, "eval"))
@@ -180,8 +192,9 @@ def _main(args) -> int:
                     print(f"[avspo-eval] {label}: done, skipped")
                     rows.append((step, res))
                     continue
-            res = evaluate_model(_generator(args, path), data, dec, step_dir, label=label,
-                                 identity=model_identity(path), **common)  # fmt: skip
+            res = evaluate_model(
+                _generator(args, path), data, dec, step_dir, label=label, identity=model_identity(path), **common
+            )
             rows.append((step, res["benchmarks"]))
             print(res["table"])
             print(verification_line(res["verification"]))

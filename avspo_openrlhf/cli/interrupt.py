@@ -46,8 +46,11 @@ def install_interrupt_handler(args) -> None:
         INTERRUPT["requested"] = True
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "w").close()
-        print(f"\n[avspo] {name}: saving a checkpoint after the current step, then stopping ({name} again to abort)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"\n[avspo] {name}: saving a checkpoint after the current step, then stopping ({name} again to abort)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     signal.signal(signal.SIGINT, handler)
     signal.signal(signal.SIGTERM, handler)

@@ -26,8 +26,10 @@ ALLOW_MISSING_ENV = "AVSPO_ALLOW_MISSING_PATHS"
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes")
-               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))  # fmt: skip
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes")
+        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _local_files(spec: str | None, keys: list[str] | None = None) -> list[str]:
@@ -54,8 +56,10 @@ def _local_files(spec: str | None, keys: list[str] | None = None) -> list[str]:
         ):
             raise MissingPath(f"{part}: no such file or folder")
         elif not os.path.exists(part) and _offline() and not _dataset_cached(part):
-            raise PreflightError(f"{part}: not a local file or folder, and the hub is offline (HF_HUB_OFFLINE) with no "
-                                 "cached copy of this dataset id; give a local .jsonl (avspo-prepare-data writes one)")  # fmt: skip
+            raise PreflightError(
+                f"{part}: not a local file or folder, and the hub is offline (HF_HUB_OFFLINE) with no "
+                "cached copy of this dataset id; give a local .jsonl (avspo-prepare-data writes one)"
+            )
     return out
 
 
@@ -66,8 +70,9 @@ def _folder_files(folder: str) -> list[str]:
     rows = sorted(os.path.join(folder, n) for n in names if n.endswith(DATA_SUFFIXES))
     if rows or any(n.endswith(TABLE_SUFFIXES) for n in names):
         return rows
-    raise PreflightError(f"{folder}: a folder with no dataset in it (no .jsonl/.json/.csv/.parquet file, no "
-                         "Dataset.save_to_disk files)")  # fmt: skip
+    raise PreflightError(
+        f"{folder}: a folder with no dataset in it (no .jsonl/.json/.csv/.parquet file, no Dataset.save_to_disk files)"
+    )
 
 
 def _check_table(path: str, keys: list[str]) -> None:
@@ -277,8 +282,14 @@ def _read_until_done(proc, timeout_s: float, call_timeout_s: float) -> tuple[str
             phase, deadline = "scoring the first row", time.monotonic() + call_timeout_s
 
 
-def check_reward_file(path: str, row: dict | None, input_key: str, label_key: str | None,
-                      timeout_s: float | None = None, call_timeout_s: float | None = None) -> None:  # fmt: skip
+def check_reward_file(
+    path: str,
+    row: dict | None,
+    input_key: str,
+    label_key: str | None,
+    timeout_s: float | None = None,
+    call_timeout_s: float | None = None,
+) -> None:
     """A ``.py`` reward file imports, has ``reward_func``, and returns one finite reward per query
     for two samples of the first row, in a child process that is killed at the deadline: ``timeout_s``
     for the import (``AVSPO_PREFLIGHT_REWARD_TIMEOUT``, 120 s), ``call_timeout_s`` for the call
@@ -295,17 +306,24 @@ def check_reward_file(path: str, row: dict | None, input_key: str, label_key: st
         payload = {"queries": [prompt + " 0", prompt + " 1"], "prompts": [prompt] * 2, "labels": [label] * 2}
     timeout_s = REWARD_CHECK_TIMEOUT_S if timeout_s is None else timeout_s
     call_timeout_s = REWARD_CALL_TIMEOUT_S if call_timeout_s is None else call_timeout_s
-    proc = subprocess.Popen([sys.executable, "-c", _REWARD_PROBE, path], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _REWARD_PROBE, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     proc.stdin.write(json.dumps(payload).encode())  # small; the child reads it all before importing
     proc.stdin.close()
     out, phase = _read_until_done(proc, timeout_s, call_timeout_s)
     if out is None:
         os.killpg(proc.pid, 9)
         proc.wait()
-        limit, env = ((timeout_s, "AVSPO_PREFLIGHT_REWARD_TIMEOUT") if phase == "importing it"
-                      else (call_timeout_s, "AVSPO_PREFLIGHT_REWARD_CALL_TIMEOUT"))  # fmt: skip
+        limit, env = (
+            (timeout_s, "AVSPO_PREFLIGHT_REWARD_TIMEOUT")
+            if phase == "importing it"
+            else (call_timeout_s, "AVSPO_PREFLIGHT_REWARD_CALL_TIMEOUT")
+        )
         raise PreflightError(
             f"--reward.remote_url {path}: no answer after {limit:.0f} s ({phase}); a reward that hangs would "
             f"hang training (raise {env} if it is only slow)"
@@ -366,8 +384,12 @@ def check_labels(path: str, label_key: str, limit: int = 2000, timeout_s: float 
     import subprocess
 
     try:
-        r = subprocess.run([sys.executable, "-c", _LABEL_CHECK, path, label_key, str(limit)], capture_output=True,
-                           text=True, timeout=timeout_s)  # fmt: skip
+        r = subprocess.run(
+            [sys.executable, "-c", _LABEL_CHECK, path, label_key, str(limit)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
         result = json.loads(r.stdout.strip().splitlines()[-1])
     except subprocess.TimeoutExpired:
         return f"[avspo] {path}: the label check did not finish in {timeout_s:.0f} s (labels not checked)"
@@ -375,12 +397,16 @@ def check_labels(path: str, label_key: str, limit: int = 2000, timeout_s: float 
         return f"[avspo] {path}: the label check failed ({(r.stderr or '').strip().splitlines()[-1:]})"
     n, bad = result["checked"], result["bad"]
     if n and len(bad) == n:
-        raise PreflightError(f"{path}: none of the {n} labels ({label_key!r}) can be parsed by math-verify, so every "
-                             f"answer would be scored wrong; e.g. {bad[0]}")  # fmt: skip
+        raise PreflightError(
+            f"{path}: none of the {n} labels ({label_key!r}) can be parsed by math-verify, so every "
+            f"answer would be scored wrong; e.g. {bad[0]}"
+        )
     if bad:
         more = f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""
-        return (f"[avspo] warning: {len(bad)} of {n} labels math-verify cannot parse (those prompts always score "
-                f"0): " + "; ".join(bad[:3]) + more)  # fmt: skip
+        return (
+            f"[avspo] warning: {len(bad)} of {n} labels math-verify cannot parse (those prompts always score "
+            f"0): " + "; ".join(bad[:3]) + more
+        )
     return None
 
 
@@ -421,8 +447,12 @@ def clear_stale_build_locks(root: str | None = None, max_age_s: float = STALE_BU
     # the environment's folder (cpu/ops.py) and torch's default one, which other runs may use
     roots = [root] if root else [extensions_dir(), os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")]
     removed = []
-    locks = [lk for r in dict.fromkeys(filter(None, roots)) for pattern in ("*/lock", "*/*/lock")
-             for lk in glob.glob(os.path.join(r, pattern))]  # fmt: skip
+    locks = [
+        lk
+        for r in dict.fromkeys(filter(None, roots))
+        for pattern in ("*/lock", "*/*/lock")
+        for lk in glob.glob(os.path.join(r, pattern))
+    ]
     for lock in locks:
         try:
             if time.time() - os.path.getmtime(lock) > max_age_s:
@@ -452,8 +482,11 @@ def preflight(args, *, dry_run: bool = False, allow_missing: bool = False) -> li
 
     if not dry_run:
         for lock in clear_stale_build_locks():
-            print(f"[avspo] removed a stale build lock {lock} (left by a process killed while building DeepSpeed's "
-                  "ops; every run would have waited on it forever)", file=sys.stderr)  # fmt: skip
+            print(
+                f"[avspo] removed a stale build lock {lock} (left by a process killed while building DeepSpeed's "
+                "ops; every run would have waited on it forever)",
+                file=sys.stderr,
+            )
     check_checkpoints(args)
     if getattr(args, "backend", "gpu") == "cpu" and not dry_run:  # OpenRLHF's GPU path handles RAY_ADDRESS itself
         check_ray_address(os.environ.get("RAY_ADDRESS"))

@@ -124,17 +124,38 @@ def write_data(out: Path, steps: int, per_step: int, heldout: int, seed: int) ->
 
 def eval_flags(args, model: str, heldout: str, out: Path) -> list[str]:
     """``avspo-eval`` flags of the before/after evaluations (the same decoding and precision)."""
-    return ["--model", model, "--benchmarks", "arith", "--data", f"arith={heldout}", "--backend", "vllm-cpu",
-            "--n", str(args.eval_n), "--temperature", "0.7", "--max-new-tokens", str(args.max_new_tokens),
-            "--seed", str(args.seed), "--cpu-dtype", args.dtype, "--output", str(out)]  # fmt: skip
+    return [
+        "--model",
+        model,
+        "--benchmarks",
+        "arith",
+        "--data",
+        f"arith={heldout}",
+        "--backend",
+        "vllm-cpu",
+        "--n",
+        str(args.eval_n),
+        "--temperature",
+        "0.7",
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--seed",
+        str(args.seed),
+        "--cpu-dtype",
+        args.dtype,
+        "--output",
+        str(out),
+    ]
 
 
 def evaluate_heldout(model: str, heldout: str, out: Path, args, log: Path) -> dict:
     """``model``'s held-out summary (``avspo-eval`` into ``out`` with ``eval_flags``; an
     evaluation already in ``out`` is read, not run again)."""
     if not (out / "summary.json").exists():
-        print(f"[quickstart] held-out evaluation -> {out.name}: {Path(model).name}, {args.eval_n} samples per problem",
-              flush=True)  # fmt: skip
+        print(
+            f"[quickstart] held-out evaluation -> {out.name}: {Path(model).name}, {args.eval_n} samples per problem",
+            flush=True,
+        )
         run_command([sys.executable, "-m", "avspo_openrlhf.cli.evaluate", *eval_flags(args, model, heldout, out)], log)
     return json.loads((out / "summary.json").read_text())["benchmarks"]["arith"]
 
@@ -170,26 +191,81 @@ def train_flags(args, model: str, train: str, out: Path, heldout: str | None = N
     from avspo_openrlhf.rewards import arith_reward
 
     flags = [
-        "--backend", "cpu", "--actor.model_name_or_path", model,
-        "--data.prompt_dataset", train, "--data.input_key", "prompt", "--data.label_key", "answer",
-        "--data.apply_chat_template", "--reward.remote_url", arith_reward.__file__,
-        "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", str(args.group_size),
-        "--rollout.batch_size", str(args.prompts_per_step), "--rollout.micro_batch_size", "8",
-        "--train.batch_size", str(args.group_size * args.prompts_per_step), "--train.micro_batch_size", "8",
-        "--rollout.max_new_tokens", str(args.max_new_tokens), "--data.max_len", str(args.max_new_tokens + 128),
-        "--rollout.temperature", str(args.temperature), "--actor.adam.lr", str(args.lr), "--actor.lr_warmup_ratio", "0",
-        "--algo.kl.init_coef", "0", "--acr.window", "5", "--ds.zero_stage", "2", "--train.seed", str(args.seed),
-        "--cpu.dtype", args.dtype,
-        "--ckpt.path", str(out / "ckpt"), "--ckpt.save_steps", str(args.save_steps), "--ckpt.max_num", "1",
+        "--backend",
+        "cpu",
+        "--actor.model_name_or_path",
+        model,
+        "--data.prompt_dataset",
+        train,
+        "--data.input_key",
+        "prompt",
+        "--data.label_key",
+        "answer",
+        "--data.apply_chat_template",
+        "--reward.remote_url",
+        arith_reward.__file__,
+        "--algo.advantage.estimator",
+        "group_norm",
+        "--rollout.n_samples_per_prompt",
+        str(args.group_size),
+        "--rollout.batch_size",
+        str(args.prompts_per_step),
+        "--rollout.micro_batch_size",
+        "8",
+        "--train.batch_size",
+        str(args.group_size * args.prompts_per_step),
+        "--train.micro_batch_size",
+        "8",
+        "--rollout.max_new_tokens",
+        str(args.max_new_tokens),
+        "--data.max_len",
+        str(args.max_new_tokens + 128),
+        "--rollout.temperature",
+        str(args.temperature),
+        "--actor.adam.lr",
+        str(args.lr),
+        "--actor.lr_warmup_ratio",
+        "0",
+        "--algo.kl.init_coef",
+        "0",
+        "--acr.window",
+        "5",
+        "--ds.zero_stage",
+        "2",
+        "--train.seed",
+        str(args.seed),
+        "--cpu.dtype",
+        args.dtype,
+        "--ckpt.path",
+        str(out / "ckpt"),
+        "--ckpt.save_steps",
+        str(args.save_steps),
+        "--ckpt.max_num",
+        "1",
         # no best_global_step* copies (OpenRLHF saves one at every better in-training evaluation): the run
         # resumes from the latest checkpoint and the evaluation after training scores the final model
-        "--ckpt.best_metric_key", "none",
-        "--ckpt.load_enable", "--ckpt.output_dir", str(out / "final"),
-        "--logger.tensorboard_dir", str(out / "tensorboard"), "--report.dir", str(out / "report"), "--report.wandb",
-    ]  # fmt: skip
+        "--ckpt.best_metric_key",
+        "none",
+        "--ckpt.load_enable",
+        "--ckpt.output_dir",
+        str(out / "final"),
+        "--logger.tensorboard_dir",
+        str(out / "tensorboard"),
+        "--report.dir",
+        str(out / "report"),
+        "--report.wandb",
+    ]
     if heldout and args.eval_steps > 0:  # OpenRLHF's own evaluation: logs eval/<level>/pass1 curves
-        flags += ["--eval.dataset", _mid_eval_file(heldout, args.mid_eval_problems), "--eval.steps",
-                  str(args.eval_steps), "--eval.temperature", "0.7", "--eval.n_samples_per_prompt", "2"]  # fmt: skip
+        flags += [
+            "--eval.dataset",
+            _mid_eval_file(heldout, args.mid_eval_problems),
+            "--eval.steps",
+            str(args.eval_steps),
+            "--eval.temperature",
+            "0.7",
+            "--eval.n_samples_per_prompt",
+            "2",
+        ]
     if not args.grpo:
         flags += ["--remedy", "avspo", "--acr.tau_init", str(args.tau_init)]
     if not args.sync:
@@ -212,8 +288,15 @@ def _fmt_gain(g) -> str:
     return f"{100 * g[0]:+.1f} [{100 * g[1]:+.1f}, {100 * g[2]:+.1f}]{mark}"
 
 
-def summary_table(before: dict, after: dict, rows: list[dict], wall_s: float, label: str, gains=None,
-                  precisions: dict[str, str] | None = None) -> str:  # fmt: skip
+def summary_table(
+    before: dict,
+    after: dict,
+    rows: list[dict],
+    wall_s: float,
+    label: str,
+    gains=None,
+    precisions: dict[str, str] | None = None,
+) -> str:
     from statistics import mean
 
     n, n_problems = before.get("samples_per_problem", "?"), before.get("num_problems", "?")
@@ -366,9 +449,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="async rollouts: the next batch is generated "
         f"during the update (the default from {ASYNC_MIN_CORES} cores)",
     )
-    p.set_defaults(sync=default_rollout_mode() == "sync")  # fmt: skip
-    p.add_argument("--verbose", action="store_true", help="show every stage's output (vLLM, DeepSpeed, Ray, OpenRLHF) "
-                   "here too, not only in <out>/quickstart.log (AVSPO_VERBOSE=1 does the same)")  # fmt: skip
+    p.set_defaults(sync=default_rollout_mode() == "sync")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show every stage's output (vLLM, DeepSpeed, Ray, OpenRLHF) "
+        "here too, not only in <out>/quickstart.log (AVSPO_VERBOSE=1 does the same)",
+    )
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags")
     return p
 
@@ -383,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     log = out / "quickstart.log"
     verbose = args.verbose or verbose_setting() is True
-    print(f"[quickstart] log: {log} (everything the stages print: vLLM, DeepSpeed, Ray, OpenRLHF; "
-          f"{'shown here too' if verbose else '--verbose or AVSPO_VERBOSE=1 shows it here'})", flush=True)  # fmt: skip
+    print(
+        f"[quickstart] log: {log} (everything the stages print: vLLM, DeepSpeed, Ray, OpenRLHF; "
+        f"{'shown here too' if verbose else '--verbose or AVSPO_VERBOSE=1 shows it here'})",
+        flush=True,
+    )
     with quiet_console(log, verbose):
         print("[quickstart] preparing the model and the data", flush=True)
         stages, mark = {}, time.time()  # each stage's seconds in this run (a resumed stage counts what it redid)
@@ -402,16 +492,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[quickstart] held-out pass@1 before training: {100 * before['pass@1']:.1f} %", flush=True)
             final = out / "final"
             if final.exists() and not model_is_complete(str(final)):  # killed while saving it
-                print(f"[quickstart] {final} is incomplete (its save was interrupted): removing it; training resumes "
-                      "from the last checkpoint and saves the final model again", flush=True)  # fmt: skip
+                print(
+                    f"[quickstart] {final} is incomplete (its save was interrupted): removing it; training resumes "
+                    "from the last checkpoint and saves the final model again",
+                    flush=True,
+                )
                 shutil.rmtree(final)
             progress, train_s = None, None
             if not model_is_complete(str(final)):
-                print(f"[quickstart] training {args.steps} steps (start-up first: Ray, the vLLM engine, DeepSpeed)",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[quickstart] training {args.steps} steps (start-up first: Ray, the vLLM engine, DeepSpeed)",
+                    flush=True,
+                )
                 progress, t_train = StepProgress(out / "report" / "metrics.jsonl", args.steps), time.time()
-                run_command([sys.executable, "-m", "avspo_openrlhf.cli.train", *train_flags(args, model, train, out, heldout)],
-                            log, progress)  # fmt: skip
+                run_command(
+                    [sys.executable, "-m", "avspo_openrlhf.cli.train", *train_flags(args, model, train, out, heldout)],
+                    log,
+                    progress,
+                )
                 train_s = time.time() - t_train
             else:
                 print(f"[quickstart] training already finished ({final}); delete it to train again", flush=True)
@@ -419,8 +517,10 @@ def main(argv: list[str] | None = None) -> int:
             after = evaluate_heldout(str(final), heldout, out / "eval_after", args, log)
             done("evaluation after")
         except KeyboardInterrupt:
-            print(f"\n[quickstart] stopped; the checkpoint is in {out / 'ckpt'}. Run the same command again to resume.",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"\n[quickstart] stopped; the checkpoint is in {out / 'ckpt'}. Run the same command again to resume.",
+                file=sys.stderr,
+            )
             return 130
     rows, evals = read_metrics(str(out / "report" / "metrics.jsonl"))
     label = f"{Path(model).name}, {'GRPO' if args.grpo else 'GRPO + AVSPO'}, {'sync' if args.sync else 'async'}"
@@ -428,18 +528,32 @@ def main(argv: list[str] | None = None) -> int:
     precisions = stage_precisions(out)
     table = summary_table(before, after, rows, time.time() - t0, label, gains, precisions)
     plot_heldout(before, after, out / "report" / "plots" / "heldout_accuracy.png", evals, len(rows) or args.steps)
-    (out / "summary.json").write_text(json.dumps({"before": before, "after": after, "gain_ci95": gains,
-                                                  "wall_min": (time.time() - t0) / 60, "steps": len(rows),
-                                                  "train_s": train_s, "first_step_s": progress and progress.first_step_s,
-                                                  "stages_s": stages,
-                                                  "mode": "sync" if args.sync else "async",
-                                                  "precision": precisions, "cpu": cpu_kind()}, indent=1))  # fmt: skip
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "before": before,
+                "after": after,
+                "gain_ci95": gains,
+                "wall_min": (time.time() - t0) / 60,
+                "steps": len(rows),
+                "train_s": train_s,
+                "first_step_s": progress and progress.first_step_s,
+                "stages_s": stages,
+                "mode": "sync" if args.sync else "async",
+                "precision": precisions,
+                "cpu": cpu_kind(),
+            },
+            indent=1,
+        )
+    )
     (out / "summary.md").write_text(table, encoding="utf-8")
     print("\n" + table)
     print(f"CPU: {cpu_kind()}   stages: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
     plots = out / "report" / "plots"
-    print(f"plots: {plots}/training_curves.png   metrics: {out / 'report' / 'metrics.jsonl'}   "
-          f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}   wandb (offline): {out / 'report' / 'wandb'}")  # fmt: skip
+    print(
+        f"plots: {plots}/training_curves.png   metrics: {out / 'report' / 'metrics.jsonl'}   "
+        f"TensorBoard: tensorboard --logdir {out / 'tensorboard'}   wandb (offline): {out / 'report' / 'wandb'}"
+    )
     return 0
 
 

@@ -149,9 +149,16 @@ def audit_second_opinion(
             continue
         cat = disagreement_category(c, g)
         side = "project_only_correct" if a.status == "correct" else "math_verify_only_correct"
-        row = {"category": cat, "who_says_correct": side.split("_only")[0], "answer": g, "project_status": a.status,
-               "project_extracted": a.pred, "math_verify_status": b.status, "math_verify_extracted": b.pred,
-               "completion_tail": c[-400:]}  # fmt: skip
+        row = {
+            "category": cat,
+            "who_says_correct": side.split("_only")[0],
+            "answer": g,
+            "project_status": a.status,
+            "project_extracted": a.pred,
+            "math_verify_status": b.status,
+            "math_verify_extracted": b.pred,
+            "completion_tail": c[-400:],
+        }
         by_cat[cat][side] += 1
         if len(by_cat[cat]["examples"]) < examples:
             by_cat[cat]["examples"].append(row)
@@ -197,17 +204,21 @@ def read_records(path: str) -> tuple[list[str], list[str]]:
 
 def _print_second_opinion(report: dict) -> None:
     n = max(1, report["n"])
-    print(f"{report['n']} completions: the project and math-verify (full text) agree on {report['agree']} "
-          f"({100 * report['agree'] / n:.1f} %); project-only correct {report['project_only_correct']}, "
-          f"math-verify-only correct {report['math_verify_only_correct']}")  # fmt: skip
+    print(
+        f"{report['n']} completions: the project and math-verify (full text) agree on {report['agree']} "
+        f"({100 * report['agree'] / n:.1f} %); project-only correct {report['project_only_correct']}, "
+        f"math-verify-only correct {report['math_verify_only_correct']}"
+    )
     for cat, v in report["by_category"].items():
         print(
             f"  {cat:18s} project-only {v['project_only_correct']:5d}   math-verify-only {v['math_verify_only_correct']:5d}"
         )
     mb = report["multi_box"]
-    print(f"several final boxes: {mb['completions_with_several_final_boxes']}; verdicts changed by the multi-box rule: "
-          f"{mb['flips_wrong_to_correct_vs_last_box']} wrong -> correct, {mb['flips_correct_to_wrong_vs_last_box']} "
-          "correct -> wrong")  # fmt: skip
+    print(
+        f"several final boxes: {mb['completions_with_several_final_boxes']}; verdicts changed by the multi-box rule: "
+        f"{mb['flips_wrong_to_correct_vs_last_box']} wrong -> correct, {mb['flips_correct_to_wrong_vs_last_box']} "
+        "correct -> wrong"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

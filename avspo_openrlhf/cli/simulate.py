@@ -30,8 +30,19 @@ from avspo_openrlhf.sim.pipeline import (
     simulate,
 )
 
-COLUMNS = ["mode", "step_s", "samples_per_s", "speedup", "ideal", "efficiency", "trainer/idle_ratio",
-           "rollouter/idle_ratio", "staleness_mean", "staleness_max", "rejected_batches"]  # fmt: skip
+COLUMNS = [
+    "mode",
+    "step_s",
+    "samples_per_s",
+    "speedup",
+    "ideal",
+    "efficiency",
+    "trainer/idle_ratio",
+    "rollouter/idle_ratio",
+    "staleness_mean",
+    "staleness_max",
+    "rejected_batches",
+]
 
 
 def configs(queue_sizes, max_staleness, partial: bool, engines=None) -> list[PipelineConfig]:
@@ -113,14 +124,23 @@ def _check_phase_times(times, where: str) -> None:
 def predict_cluster(rows: list[dict], queue_sizes, tail_sigma: float, steps: int, seeds: int) -> list[dict]:
     out = []
     for r in rows:
-        w = Workload(Dist((float(r["gen_s"]),), tail_sigma), Dist.const(float(r["train_s"])),
-                     Dist.const(float(r["sync_s"])))  # fmt: skip
+        w = Workload(
+            Dist((float(r["gen_s"]),), tail_sigma), Dist.const(float(r["train_s"])), Dist.const(float(r["sync_s"]))
+        )
         colocated = int(r["train_gpus"]) == 0
         cfgs = [PipelineConfig("sync")] + ([] if colocated else [PipelineConfig("async", q) for q in queue_sizes])
         for p in predict(w, cfgs, steps, seeds):
-            out.append({"split": r["name"], "mode": p["mode"], "step_s": p["step_s"], "steps_per_hour": 3600 / p["step_s"],
-                        "trainer/idle_ratio": p["trainer/idle_ratio"], "rollouter/idle_ratio": p["rollouter/idle_ratio"],
-                        "staleness_mean": p["staleness_mean"]})  # fmt: skip
+            out.append(
+                {
+                    "split": r["name"],
+                    "mode": p["mode"],
+                    "step_s": p["step_s"],
+                    "steps_per_hour": 3600 / p["step_s"],
+                    "trainer/idle_ratio": p["trainer/idle_ratio"],
+                    "rollouter/idle_ratio": p["rollouter/idle_ratio"],
+                    "staleness_mean": p["staleness_mean"],
+                }
+            )
     best = min(o["step_s"] for o in out)
     for o in out:
         o["vs_best"] = o["step_s"] / best
@@ -128,38 +148,79 @@ def predict_cluster(rows: list[dict], queue_sizes, tail_sigma: float, steps: int
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(allow_abbrev=False, prog="avspo-simulate", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        allow_abbrev=False,
+        prog="avspo-simulate",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-metrics", metavar="PATH", help="calibrate phase times from a run's report/metrics.jsonl")
-    src.add_argument("--phase-times", nargs=3, type=float, metavar=("GEN", "TRAIN", "SYNC"),
-                     help="seconds per step: generation, training (experience making + update), weight sync")  # fmt: skip
-    src.add_argument("--cluster", metavar="CSV", help="one row per GPU split: name,gen_gpus,train_gpus,gen_s,train_s,"
-                     "sync_s[,source] (train_gpus 0 = colocated); prints the predicted step time of each split and mode")  # fmt: skip
+    src.add_argument(
+        "--phase-times",
+        nargs=3,
+        type=float,
+        metavar=("GEN", "TRAIN", "SYNC"),
+        help="seconds per step: generation, training (experience making + update), weight sync",
+    )
+    src.add_argument(
+        "--cluster",
+        metavar="CSV",
+        help="one row per GPU split: name,gen_gpus,train_gpus,gen_s,train_s,"
+        "sync_s[,source] (train_gpus 0 = colocated); prints the predicted step time of each split and mode",
+    )
     p.add_argument("--queue-size", type=int, nargs="+", default=[1, 2, 4], help="async queue sizes to simulate")
-    p.add_argument("--max-staleness", type=int, nargs="+", default=None,
-                   help="staleness bounds to simulate (default: none, i.e. only the queue bounds it)")  # fmt: skip
+    p.add_argument(
+        "--max-staleness",
+        type=int,
+        nargs="+",
+        default=None,
+        help="staleness bounds to simulate (default: none, i.e. only the queue bounds it)",
+    )
     p.add_argument("--partial-rollout", action="store_true", help="also simulate OpenRLHF's partial rollout")
     p.add_argument("--engines", type=int, default=None, help="generation engines (default: as measured / 1)")
     p.add_argument("--engines-ref", type=int, default=1, help="engines of the measured run (--from-metrics)")
-    p.add_argument("--tail-sigma", type=float, default=0.0,
-                   help="mean-preserving lognormal noise on generation times (long-tailed response lengths)")  # fmt: skip
-    p.add_argument("--overlap-from", metavar="PATH",
-                   help="with --from-metrics SYNC_RUN: an async run's (or a 3-step overlapped probe's) metrics.jsonl, "
-                   "to calibrate what a sync run cannot show: generation and training slowed by each other beside "
-                   "them, and the async per-step overhead")  # fmt: skip
+    p.add_argument(
+        "--tail-sigma",
+        type=float,
+        default=0.0,
+        help="mean-preserving lognormal noise on generation times (long-tailed response lengths)",
+    )
+    p.add_argument(
+        "--overlap-from",
+        metavar="PATH",
+        help="with --from-metrics SYNC_RUN: an async run's (or a 3-step overlapped probe's) metrics.jsonl, "
+        "to calibrate what a sync run cannot show: generation and training slowed by each other beside "
+        "them, and the async per-step overhead",
+    )
     p.add_argument(
         "--overhead", type=float, default=None, help="seconds per step beyond the phases (default: calibrated, else 0)"
     )
-    p.add_argument("--overlap-slowdown", type=float, default=None,
-                   help="generation slowdown while training overlaps it, e.g. 0.12 (default: calibrated, else 0)")  # fmt: skip
-    p.add_argument("--train-slowdown", type=float, default=None,
-                   help="training slowdown while a generation overlaps it, e.g. 0.04 (default: calibrated, else 0)")  # fmt: skip
-    p.add_argument("--train-warmup", type=float, default=None,
-                   help="seconds the first train phase takes beyond a steady one (DeepSpeed warm-up); the generator runs "
-                   "ahead meanwhile, which decides whether a deep queue fills (default: calibrated, else 0)")  # fmt: skip
-    p.add_argument("--skip-steps", type=int, default=WARMUP_STEPS,
-                   help="warm-up steps left out of the calibration and of every rate (one rule for both)")  # fmt: skip
+    p.add_argument(
+        "--overlap-slowdown",
+        type=float,
+        default=None,
+        help="generation slowdown while training overlaps it, e.g. 0.12 (default: calibrated, else 0)",
+    )
+    p.add_argument(
+        "--train-slowdown",
+        type=float,
+        default=None,
+        help="training slowdown while a generation overlaps it, e.g. 0.04 (default: calibrated, else 0)",
+    )
+    p.add_argument(
+        "--train-warmup",
+        type=float,
+        default=None,
+        help="seconds the first train phase takes beyond a steady one (DeepSpeed warm-up); the generator runs "
+        "ahead meanwhile, which decides whether a deep queue fills (default: calibrated, else 0)",
+    )
+    p.add_argument(
+        "--skip-steps",
+        type=int,
+        default=WARMUP_STEPS,
+        help="warm-up steps left out of the calibration and of every rate (one rule for both)",
+    )
     p.add_argument("--steps", type=int, default=200, help="simulated training steps per run")
     p.add_argument("--seeds", type=int, default=3, help="simulations per mode (averaged)")
     p.add_argument("--json", metavar="PATH", help="also write the predictions as JSON")
@@ -171,8 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.seeds < 1 or args.steps < 2 or args.skip_steps < 0:
-            raise ValueError(f"--seeds must be >= 1, --steps >= 2 and --skip-steps >= 0, got {args.seeds}, {args.steps}, "
-                             f"{args.skip_steps}")  # fmt: skip
+            raise ValueError(
+                f"--seeds must be >= 1, --steps >= 2 and --skip-steps >= 0, got {args.seeds}, {args.steps}, "
+                f"{args.skip_steps}"
+            )
         if args.engines is not None and args.engines < 1 or args.engines_ref < 1:
             raise ValueError(f"--engines and --engines-ref must be >= 1, got {args.engines} and {args.engines_ref}")
         if args.phase_times:
@@ -185,35 +248,60 @@ def main(argv: list[str] | None = None) -> int:
             if args.gantt:
                 raise ValueError("--gantt draws one workload's timeline: use it with --from-metrics or --phase-times")
             rows = predict_cluster(read_cluster(args.cluster), args.queue_size, args.tail_sigma, args.steps, args.seeds)
-            print(table(rows, ["split", "mode", "step_s", "steps_per_hour", "vs_best", "trainer/idle_ratio",
-                               "rollouter/idle_ratio", "staleness_mean"]))  # fmt: skip
+            print(
+                table(
+                    rows,
+                    [
+                        "split",
+                        "mode",
+                        "step_s",
+                        "steps_per_hour",
+                        "vs_best",
+                        "trainer/idle_ratio",
+                        "rollouter/idle_ratio",
+                        "staleness_mean",
+                    ],
+                )
+            )
         else:
             if args.from_metrics:
                 rows = load_rows(args.from_metrics)
                 w = calibrate(rows, args.skip_steps, args.tail_sigma, args.engines_ref)
                 if args.overlap_from:
                     o = overlap_calibration(rows, load_rows(args.overlap_from), args.skip_steps)
-                    w = dataclasses.replace(w, overlap_slowdown=o["overlap_slowdown"],
-                                            train_slowdown=o["train_slowdown"], async_overhead=o["overhead"])  # fmt: skip
+                    w = dataclasses.replace(
+                        w,
+                        overlap_slowdown=o["overlap_slowdown"],
+                        train_slowdown=o["train_slowdown"],
+                        async_overhead=o["overhead"],
+                    )
                 elif args.overlap_slowdown is None:
-                    print("note: calibrated from one run: how much generation and training slow each other when they "
-                          "overlap and the async per-step overhead are not in it (the sync run's overhead and no "
-                          "slowdown assumed, so async is predicted optimistically); add --overlap-from <an async "
-                          "run's metrics.jsonl>")  # fmt: skip
+                    print(
+                        "note: calibrated from one run: how much generation and training slow each other when they "
+                        "overlap and the async per-step overhead are not in it (the sync run's overhead and no "
+                        "slowdown assumed, so async is predicted optimistically); add --overlap-from <an async "
+                        "run's metrics.jsonl>"
+                    )
             else:
                 if args.overlap_from:
                     raise ValueError("--overlap-from needs --from-metrics (the sync run it is compared with)")
                 g, t, s = args.phase_times
                 w = Workload(Dist((g,), args.tail_sigma), Dist.const(t), Dist.const(s))
-            given = [("overhead", args.overhead), ("async_overhead", args.overhead),
-                     ("overlap_slowdown", args.overlap_slowdown), ("train_slowdown", args.train_slowdown),
-                     ("train_warmup", args.train_warmup)]  # fmt: skip
+            given = [
+                ("overhead", args.overhead),
+                ("async_overhead", args.overhead),
+                ("overlap_slowdown", args.overlap_slowdown),
+                ("train_slowdown", args.train_slowdown),
+                ("train_warmup", args.train_warmup),
+            ]
             w = dataclasses.replace(w, **{k: v for k, v in given if v is not None})
             o_async = w.overhead if w.async_overhead is None else w.async_overhead
-            print(f"phase means: gen {w.gen.mean:.2f} s, train {w.train.mean:.2f} s, sync {w.sync.mean:.2f} s; "
-                  f"overhead {w.overhead:.3f} s/step (async {o_async:.3f}), generation {100 * w.overlap_slowdown:.0f} % "
-                  f"slower beside training, training {100 * w.train_slowdown:.0f} % slower beside generation; "
-                  f"first train phase +{w.train_warmup:.2f} s")  # fmt: skip
+            print(
+                f"phase means: gen {w.gen.mean:.2f} s, train {w.train.mean:.2f} s, sync {w.sync.mean:.2f} s; "
+                f"overhead {w.overhead:.3f} s/step (async {o_async:.3f}), generation {100 * w.overlap_slowdown:.0f} % "
+                f"slower beside training, training {100 * w.train_slowdown:.0f} % slower beside generation; "
+                f"first train phase +{w.train_warmup:.2f} s"
+            )
             cfgs = configs(args.queue_size, args.max_staleness or [None], args.partial_rollout, args.engines)
             rows = predict(w, cfgs, args.steps, args.seeds)
             print(table(rows))

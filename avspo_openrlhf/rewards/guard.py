@@ -71,8 +71,14 @@ class GuardedReward:
         error_file: where the latest failure is written (the samples generator reads it).
     """
 
-    def __init__(self, path: str, timeout_s: float = 60.0, memory_mb: int | None = 8192, workers: int = 2,
-                 error_file: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        timeout_s: float = 60.0,
+        memory_mb: int | None = 8192,
+        workers: int = 2,
+        error_file: str | None = None,
+    ):
         if timeout_s <= 0 or workers < 1:
             raise ValueError("timeout_s must be > 0 and workers >= 1")
         self.path, self.timeout_s, self.memory_mb, self.error_file = path, float(timeout_s), memory_mb, error_file
@@ -165,8 +171,13 @@ def write_guard_file(user_file: str, folder: str, timeout_s: float, memory_mb: i
     which the run's Ray processes can read: the checkpoint folder)."""
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "reward_guard.py")
-    text = GUARD_TEMPLATE.format(user=os.path.abspath(user_file), timeout=float(timeout_s), memory=memory_mb,
-                                 workers=int(workers), error=guard_error_file(folder))  # fmt: skip
+    text = GUARD_TEMPLATE.format(
+        user=os.path.abspath(user_file),
+        timeout=float(timeout_s),
+        memory=memory_mb,
+        workers=int(workers),
+        error=guard_error_file(folder),
+    )
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)

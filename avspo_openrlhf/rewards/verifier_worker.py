@@ -73,8 +73,11 @@ def main(config: dict) -> None:
     for completion, gold, verifier in worker_tasks(conn):
         conn.send(("started", time.process_time()))  # the parent charges CPU time from here
         if verifier not in VERIFIERS:  # registered in the caller only, at run time
-            result = VerifyResult("error", detail=f"verifier {verifier!r} is not registered in the worker processes: "
-                                  "name the module that registers it in VerifierPool(imports=...)")  # fmt: skip
+            result = VerifyResult(
+                "error",
+                detail=f"verifier {verifier!r} is not registered in the worker processes: "
+                "name the module that registers it in VerifierPool(imports=...)",
+            )
         else:
             result = VERIFIERS[verifier](completion, gold, *caps)
         conn.send(("done", result))

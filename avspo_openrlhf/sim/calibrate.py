@@ -109,8 +109,12 @@ def overlap_calibration(sync_rows: list[dict], async_rows: list[dict], skip: int
         a, b = (statistics.fmean(phase_times(r)[phase] for r in steady(x, skip)) for x in (async_rows, sync_rows))
         return max(0.0, a / b - 1.0) if b > 0 else 0.0
 
-    return {"overlap_slowdown": ratio("gen"), "train_slowdown": ratio("train"),
-            "overhead": step_overhead(async_rows, skip), "sync_overhead": step_overhead(sync_rows, skip)}  # fmt: skip
+    return {
+        "overlap_slowdown": ratio("gen"),
+        "train_slowdown": ratio("train"),
+        "overhead": step_overhead(async_rows, skip),
+        "sync_overhead": step_overhead(sync_rows, skip),
+    }
 
 
 def measured_timeline(rows: list[dict]) -> tuple[list[dict], list[tuple[str, str, float, float]]]:

@@ -145,8 +145,9 @@ class SimResult:
         }
 
 
-def summarize(steps: list[dict], spans, samples_per_step: float, tokens_per_step: float,
-              warmup: int | None = None) -> dict:  # fmt: skip
+def summarize(
+    steps: list[dict], spans, samples_per_step: float, tokens_per_step: float, warmup: int | None = None
+) -> dict:
     """Throughput, idle ratios and staleness of a timeline (simulated or measured: same keys).
 
     ``steps``: dicts with ``end`` (time the step's weight sync finished) and ``staleness``;
@@ -293,8 +294,11 @@ def simulate(workload: Workload, config: PipelineConfig, steps: int = 100, seed:
         for i in range(steps):
             g, tr, sy = gen_time(), workload.train.sample(rng), workload.sync.sample(rng)
             tr += workload.train_warmup if i == 0 else 0.0
-            spans += [("generator", "generate", t, t + g), ("trainer", "train", t + g, t + g + tr),
-                      ("trainer", "sync", t + g + tr, t + g + tr + sy)]  # fmt: skip
+            spans += [
+                ("generator", "generate", t, t + g),
+                ("trainer", "train", t + g, t + g + tr),
+                ("trainer", "sync", t + g + tr, t + g + tr + sy),
+            ]
             t += g + tr + sy + workload.overhead
             res.steps.append({"step": i + 1, "end": t, "staleness": 0, "version": i})
         return res

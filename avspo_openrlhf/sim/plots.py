@@ -14,8 +14,9 @@ def _plt():
     return plt
 
 
-def plot_gantt(runs: dict[str, tuple[list, list]], path: str, title: str = "", max_s: float | None = None,
-               warmup_steps: int = 0) -> None:  # fmt: skip
+def plot_gantt(
+    runs: dict[str, tuple[list, list]], path: str, title: str = "", max_s: float | None = None, warmup_steps: int = 0
+) -> None:
     """One pair of lanes (generator, trainer) per run: what each side does over time; with
     ``warmup_steps``, the time up to the end of that step is shaded (left out of every rate)."""
     plt = _plt()
@@ -55,8 +56,10 @@ def plot_throughput(rows: list[dict], path: str) -> None:
     for x, r in zip(xs, rows):
         seeds = r.get("speedup_seeds") or []
         ax.scatter([x - 0.27] * len(seeds), seeds, color="k", s=10, zorder=3)
-    for dx, key, label in ((0.0, "predicted_speedup", "simulator calibrated on the sync run alone"),
-                           (0.27, "probe_predicted_speedup", "simulator: sync run + 3-step overlapped probe")):  # fmt: skip
+    for dx, key, label in (
+        (0.0, "predicted_speedup", "simulator calibrated on the sync run alone"),
+        (0.27, "probe_predicted_speedup", "simulator: sync run + 3-step overlapped probe"),
+    ):
         if any(key in r for r in rows):
             ax.bar([x + dx for x in xs], [r.get(key, 0) for r in rows], 0.27, label=label, alpha=0.7)
     ideal = rows[0].get("ideal")
@@ -83,8 +86,7 @@ def plot_staleness(hists: dict[str, dict], path: str, rejected: dict[str, float]
         tot = sum(hists[m].values()) or 1
         rej = (rejected or {}).get(m, 0)
         label = f"{m}: {rej:.0f} rejected ({100 * rej / (tot + rej):.0f} % of generated)" if rej else m
-        ax.bar([k + i * width for k in keys], [hists[m].get(k, 0) / tot for k in keys], width,
-               label=label)  # fmt: skip
+        ax.bar([k + i * width for k in keys], [hists[m].get(k, 0) / tot for k in keys], width, label=label)
     ax.set_xticks([k + 0.4 - width / 2 for k in keys], [str(k) for k in keys])
     ax.set_xlabel("staleness (trainer step - generating policy version)")
     ax.set_ylabel("fraction of trained batches")

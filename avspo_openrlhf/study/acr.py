@@ -72,8 +72,11 @@ def relation(samples: list[Sample]) -> dict:
         if not runs:  # nothing to relate yet (a study still running)
             out["samples"].append({"name": s.name, "accuracy": s.accuracy, "excluded_methods": skip, "groups": []})
             continue
-        for label, members, centre in [*((m, [r for r in runs if r["method"] == m], False) for m in methods),
-                                       ("pooled", runs, False), ("pooled, centred within method", runs, True)]:  # fmt: skip
+        for label, members, centre in [
+            *((m, [r for r in runs if r["method"] == m], False) for m in methods),
+            ("pooled", runs, False),
+            ("pooled, centred within method", runs, True),
+        ]:
             row = {"group": label, "runs": len(members), "steps_mean": statistics.mean(r["steps"] for r in members)}
             for w in WINDOWS:
                 held = [(window_acr(r, w), r[s.accuracy], r["method"]) for r in members]
@@ -111,10 +114,20 @@ def markdown(rel: dict) -> str:
         if not s["groups"]:
             lines += ["", f"**{s['name']}**: no runs yet."]
             continue
-        lines += ["", f"**{s['name']}**" + (f"; left out, their trained-batch ACR being 0 by construction "
-                  f"(dynamic sampling): {', '.join(s['excluded_methods'])}" if s["excluded_methods"] else "") + ":",
-                  "", "| runs of | mean steps | " + " | ".join(f"r, {w.replace('_', ' ')}" for w in rel["windows"])
-                  + " |", "| --- | --- |" + " --- |" * len(rel["windows"])]  # fmt: skip
+        lines += [
+            "",
+            f"**{s['name']}**"
+            + (
+                f"; left out, their trained-batch ACR being 0 by construction "
+                f"(dynamic sampling): {', '.join(s['excluded_methods'])}"
+                if s["excluded_methods"]
+                else ""
+            )
+            + ":",
+            "",
+            "| runs of | mean steps | " + " | ".join(f"r, {w.replace('_', ' ')}" for w in rel["windows"]) + " |",
+            "| --- | --- |" + " --- |" * len(rel["windows"]),
+        ]
         for g in s["groups"]:
             lines.append(
                 f"| {g['group']} | {g['steps_mean']:.1f} | " + " | ".join(_cell(g[w]) for w in rel["windows"]) + " |"

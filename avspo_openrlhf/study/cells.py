@@ -87,6 +87,10 @@ def study_parser(
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
     p.add_argument("--report-only", action="store_true", help="the tables and plots from the finished runs only")
     p.add_argument("--publish", help=publish)
-    p.add_argument("--check-flags", action="store_true", help="validate every method's avspo-train flags as a run "
-                   "would, train nothing, and exit (non-zero: a method's flags are refused)")  # fmt: skip
+    p.add_argument(
+        "--check-flags",
+        action="store_true",
+        help="validate every method's avspo-train flags as a run "
+        "would, train nothing, and exit (non-zero: a method's flags are refused)",
+    )
     return p

@@ -51,11 +51,25 @@ class CollapseStudy:
         """The quickstart options of one run: ``steps`` steps, no evaluation during training."""
         flags = self.methods[method]
         extra = flags + ([] if "--" in flags else ["--"]) + ["--run.max_steps", str(steps)]
-        return self.quickstart_args(["--steps", str(steps), "--max-new-tokens", str(max_new_tokens), "--seed", str(seed),
-                                     "--eval-steps", "0", "--save-steps", str(steps), *extra])  # fmt: skip
+        return self.quickstart_args(
+            [
+                "--steps",
+                str(steps),
+                "--max-new-tokens",
+                str(max_new_tokens),
+                "--seed",
+                str(seed),
+                "--eval-steps",
+                "0",
+                "--save-steps",
+                str(steps),
+                *extra,
+            ]
+        )
 
-    def run_one(self, method: str, seed: int, steps: int, max_new_tokens: int, out: Path, model: str, train: str,
-                heldout: str) -> dict:  # fmt: skip
+    def run_one(
+        self, method: str, seed: int, steps: int, max_new_tokens: int, out: Path, model: str, train: str, heldout: str
+    ) -> dict:
         run_dir = out / f"{method}_seed{seed}"
         result_file = run_dir / "result.json"
         if result_file.exists():
@@ -121,8 +135,9 @@ class CollapseStudy:
         import matplotlib.pyplot as plt
 
         fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
-        for ax, key, title in zip(axes, ["acr_raw", "acr_effective", "heldout_pass1"],
-                                  ["raw ACR", "effective ACR", "held-out pass@1"]):  # fmt: skip
+        for ax, key, title in zip(
+            axes, ["acr_raw", "acr_effective", "heldout_pass1"], ["raw ACR", "effective ACR", "held-out pass@1"]
+        ):
             for i, m in enumerate(self.methods):
                 ys = [r[key] for r in results if r["method"] == m]
                 if ys:
@@ -136,9 +151,14 @@ class CollapseStudy:
         plt.close(fig)
 
     def main(self, argv: list[str] | None = None) -> int:
-        p = cells.study_parser(__doc__.split("\n\n")[0], "runs/collapse_study", list(self.methods), [0, 1, 2],
-                               "the repository's results folder: results.md/json and the plot are copied there, and "
-                               "the runs it holds are not run again")  # fmt: skip
+        p = cells.study_parser(
+            __doc__.split("\n\n")[0],
+            "runs/collapse_study",
+            list(self.methods),
+            [0, 1, 2],
+            "the repository's results folder: results.md/json and the plot are copied there, and "
+            "the runs it holds are not run again",
+        )
         p.add_argument("--steps", type=int, default=10)
         p.add_argument("--max-new-tokens", type=int, default=48)
         args = p.parse_args(argv)
@@ -176,8 +196,10 @@ class CollapseStudy:
         if before is None:
             raise SystemExit(f"[study] {out}: no evaluation before training (eval_before/) and none published")
         order = list(self.methods)
-        results = sorted((json.loads(f.read_text()) for f in out.glob("*_seed*/result.json")),
-                         key=lambda r: (r["seed"], order.index(r["method"])))  # fmt: skip
+        results = sorted(
+            (json.loads(f.read_text()) for f in out.glob("*_seed*/result.json")),
+            key=lambda r: (r["seed"], order.index(r["method"])),
+        )
         print(self.report(results, before, out, max_new_tokens))
         if args.publish:
             dest = Path(args.publish)

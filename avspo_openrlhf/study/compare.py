@@ -35,8 +35,13 @@ def compare(results: list[dict], method: str, base: str) -> dict | None:
     if method == base or not diffs:
         return None
     mean, lo, hi, p_boot = paired_bootstrap(a, b)
-    return {"seeds": len(diffs), "diff": mean, "ci95": [lo, hi], "p_bootstrap": p_boot,
-            "p_sign_flip": stats.sign_flip_p(diffs)}  # fmt: skip
+    return {
+        "seeds": len(diffs),
+        "diff": mean,
+        "ci95": [lo, hi],
+        "p_bootstrap": p_boot,
+        "p_sign_flip": stats.sign_flip_p(diffs),
+    }
 
 
 def pooled_compare(acc: dict[tuple[str, str, int], float], method: str, base: str) -> dict | None:

@@ -64,8 +64,10 @@ class StackedEngine:
         first = specs[0]
         for spec in specs:
             if spec.settings != first.settings or spec.model != first.model:
-                raise ValueError(f"{spec.method} seed {spec.seed}: the runs of one batch share the model and the "
-                                 "settings (arm, seed and lr may differ)")  # fmt: skip
+                raise ValueError(
+                    f"{spec.method} seed {spec.seed}: the runs of one batch share the model and the "
+                    "settings (arm, seed and lr may differ)"
+                )
         s = self.settings = first.settings
         if s.engine != "stacked":
             raise ValueError(f"Settings.engine is {s.engine!r}: these runs are the process engine's")
@@ -169,10 +171,18 @@ class StackedEngine:
                     attn[i, : p.shape[0], Lp - p.shape[1] :] = a.cpu()
                     real[i, : p.shape[0]] = True
                     u[i, : p.shape[0]] = uniforms[k][rows[k]]
-                comp = stacked.generate(self._params_of(live), self.cfg, ids.to(self.shell.device),
-                                        attn.to(self.shell.device), u.to(self.shell.device), temperature,
-                                        self.shell.eos_ids, self.shell.tok.pad_token_id,
-                                        autocast_dtype=self._autocast(), rows=real)  # fmt: skip
+                comp = stacked.generate(
+                    self._params_of(live),
+                    self.cfg,
+                    ids.to(self.shell.device),
+                    attn.to(self.shell.device),
+                    u.to(self.shell.device),
+                    temperature,
+                    self.shell.eos_ids,
+                    self.shell.tok.pad_token_id,
+                    autocast_dtype=self._autocast(),
+                    rows=real,
+                )
                 for i, k in enumerate(live):
                     n = rows[k].stop - rows[k].start
                     parts[k].append((enc[k][0][rows[k]], enc[k][1][rows[k]], comp[i, :n]))
@@ -225,8 +235,11 @@ class StackedEngine:
         ctrls = {i: self.runs[k].controller for i, k in enumerate(ks)}
         token_runs = [i for i, c in ctrls.items() if c.needs_entropy]
         acc = {"loss": torch.zeros(R), "ent": torch.zeros(R), "tok": torch.zeros(R)}
-        finite = {"loss": torch.ones(R, dtype=torch.bool), "lp": torch.ones(R, dtype=torch.bool),
-                  "ent": torch.ones(R, dtype=torch.bool)}  # fmt: skip
+        finite = {
+            "loss": torch.ones(R, dtype=torch.bool),
+            "lp": torch.ones(R, dtype=torch.bool),
+            "ent": torch.ones(R, dtype=torch.bool),
+        }
         self.opt.zero_grad()
         ctx = torch.autocast(dev.type, dtype=self.shell.dtype) if self._autocast() else contextlib.nullcontext()
         for start in range(0, B, s.micro_batch):
@@ -253,15 +266,23 @@ class StackedEngine:
         norms, stepped = self.opt.step(s.grad_clip, active)
         out = {}
         for i, k in enumerate(ks):
-            o = {"loss": float(acc["loss"][i]), "entropy": float(acc["ent"][i] / totals[i].cpu()),
-                 "grad_norm": float(norms[k]), "update_skipped": int(not stepped[k])}  # fmt: skip
+            o = {
+                "loss": float(acc["loss"][i]),
+                "entropy": float(acc["ent"][i] / totals[i].cpu()),
+                "grad_norm": float(norms[k]),
+                "update_skipped": int(not stepped[k]),
+            }
             if ctrls[i].needs_entropy:
                 o["token_adv_abs_mean"] = float(acc["tok"][i] / totals[i].cpu())
             if not stepped[k]:
                 bad = [n for n, p in self.params.items() if p.grad is not None and not torch.isfinite(p.grad[k]).all()]
-                o["diagnosis"] = {"loss_finite": bool(finite["loss"][i]), "logprobs_finite": bool(finite["lp"][i]),
-                                  "entropy_finite": bool(finite["ent"][i]), "nonfinite_grads": len(bad),
-                                  "first_nonfinite_grads": bad[:5]}  # fmt: skip
+                o["diagnosis"] = {
+                    "loss_finite": bool(finite["loss"][i]),
+                    "logprobs_finite": bool(finite["lp"][i]),
+                    "entropy_finite": bool(finite["ent"][i]),
+                    "nonfinite_grads": len(bad),
+                    "first_nonfinite_grads": bad[:5],
+                }
             out[k] = o
         self.opt.zero_grad()
         return out
@@ -283,8 +304,11 @@ def main(argv: list[str] | None = None) -> int:
     results = engine.run()
     for k, res in sorted(results.items()):
         pass1 = res["heldout_pass1"]
-        print(f"[{specs[k].method} seed {specs[k].seed}] done: {res['steps']} steps, {res['generated_tokens']} tokens, "
-              f"held-out pass@1 {'-' if pass1 is None else f'{100 * pass1:.1f} %'}", flush=True)  # fmt: skip
+        print(
+            f"[{specs[k].method} seed {specs[k].seed}] done: {res['steps']} steps, {res['generated_tokens']} tokens, "
+            f"held-out pass@1 {'-' if pass1 is None else f'{100 * pass1:.1f} %'}",
+            flush=True,
+        )
     print(f"[stacked] {len(results)} of {len(specs)} runs done in {time.perf_counter() - t0:.0f} s", flush=True)
     return 1 if engine.failed else 0
 

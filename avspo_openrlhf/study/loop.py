@@ -119,21 +119,31 @@ class Arm:
     lr: float | None = None
 
     def __post_init__(self):
-        _require(self.estimator in ESTIMATORS, f"Arm.estimator: {self.estimator!r} is not a registered estimator; "
-                 f"known: {sorted(ESTIMATORS)}")  # fmt: skip
+        _require(
+            self.estimator in ESTIMATORS,
+            f"Arm.estimator: {self.estimator!r} is not a registered estimator; known: {sorted(ESTIMATORS)}",
+        )
         _require(self.reward in REWARD_CONTROLS, f"Arm.reward must be one of {REWARD_CONTROLS}, got {self.reward!r}")
-        _require(self.control is None or self.control in ADVANTAGE_CONTROLS,
-                 f"Arm.control must be None or one of {ADVANTAGE_CONTROLS}, got {self.control!r}")  # fmt: skip
-        _require(self.control is None or self.estimator == "grpo",
-                 f"Arm.control {self.control!r} replaces the collapsed groups' advantages of GRPO: use estimator "
-                 f"'grpo', got {self.estimator!r}")  # fmt: skip
-        _require(self.lr is None or (isinstance(self.lr, (int, float)) and self.lr > 0),
-                 f"Arm.lr must be None or > 0, got {self.lr!r}")  # fmt: skip
+        _require(
+            self.control is None or self.control in ADVANTAGE_CONTROLS,
+            f"Arm.control must be None or one of {ADVANTAGE_CONTROLS}, got {self.control!r}",
+        )
+        _require(
+            self.control is None or self.estimator == "grpo",
+            f"Arm.control {self.control!r} replaces the collapsed groups' advantages of GRPO: use estimator "
+            f"'grpo', got {self.estimator!r}",
+        )
+        _require(
+            self.lr is None or (isinstance(self.lr, (int, float)) and self.lr > 0),
+            f"Arm.lr must be None or > 0, got {self.lr!r}",
+        )
         self.estimator_config()  # refuses a wrong option now, not at the run's first step
         if self.greso is not None:
-            _require(float(self.greso.get("audit", 0.0)) == 0.0,
-                     "Arm.greso.audit: the study loop does not roll out audits (their tokens would be charged to "
-                     "the budget); use 0")  # fmt: skip
+            _require(
+                float(self.greso.get("audit", 0.0)) == 0.0,
+                "Arm.greso.audit: the study loop does not roll out audits (their tokens would be charged to "
+                "the budget); use 0",
+            )
             _build(GRESOConfig, self.greso, "Arm.greso")
 
     def estimator_config(self):
@@ -174,17 +184,30 @@ class Settings:
     engine: str = "process"
 
     def __post_init__(self):
-        for name in ("group_size", "prompts_per_step", "max_new_tokens", "token_budget", "dynamic_max_rounds",
-                     "eval_n", "micro_batch", "gen_batch", "max_steps"):  # fmt: skip
+        for name in (
+            "group_size",
+            "prompts_per_step",
+            "max_new_tokens",
+            "token_budget",
+            "dynamic_max_rounds",
+            "eval_n",
+            "micro_batch",
+            "gen_batch",
+            "max_steps",
+        ):
             v = getattr(self, name)
             _require(isinstance(v, int) and v >= 1, f"Settings.{name} must be an integer >= 1, got {v!r}")
-        _require(self.group_size >= 2, f"Settings.group_size must be >= 2 (a group of one has no variance), "
-                 f"got {self.group_size}")  # fmt: skip
+        _require(
+            self.group_size >= 2,
+            f"Settings.group_size must be >= 2 (a group of one has no variance), got {self.group_size}",
+        )
         for name in ("mid_eval_tokens", "mid_eval_problems", "ckpt_every"):
             v = getattr(self, name)
             _require(isinstance(v, int) and v >= 0, f"Settings.{name} must be an integer >= 0, got {v!r}")
-        _require(self.temperature > 0 and self.eval_temperature > 0, "Settings.temperature and eval_temperature "
-                 f"must be > 0, got {self.temperature}, {self.eval_temperature}")  # fmt: skip
+        _require(
+            self.temperature > 0 and self.eval_temperature > 0,
+            f"Settings.temperature and eval_temperature must be > 0, got {self.temperature}, {self.eval_temperature}",
+        )
         _require(self.lr > 0, f"Settings.lr must be > 0, got {self.lr}")
         _require(self.grad_clip > 0, f"Settings.grad_clip must be > 0, got {self.grad_clip}")
         _require(
@@ -194,8 +217,10 @@ class Settings:
             self.engine in ("process", "stacked"), f"Settings.engine must be process or stacked, got {self.engine!r}"
         )
         _require(self.template in TEMPLATES, f"Settings.template must be one of {TEMPLATES}, got {self.template!r}")
-        _require(self.reward in ("arith", "math") or ":" in self.reward,
-                 f"Settings.reward must be arith, math or module:function, got {self.reward!r}")  # fmt: skip
+        _require(
+            self.reward in ("arith", "math") or ":" in self.reward,
+            f"Settings.reward must be arith, math or module:function, got {self.reward!r}",
+        )
         _build(ACRConfig, self.acr, "Settings.acr")
 
 
@@ -235,8 +260,14 @@ class RunSpec:
         s = dataclasses.asdict(self.settings)
         for name in PERFORMANCE_ONLY:  # they change how fast, not what is computed
             s.pop(name)
-        return {"settings": s, "model": model_fingerprint(self.model), "train": file_sha256(self.train),
-                "heldout": file_sha256(self.heldout), "plugins": list(self.plugins), "code": code_fingerprint()}  # fmt: skip
+        return {
+            "settings": s,
+            "model": model_fingerprint(self.model),
+            "train": file_sha256(self.train),
+            "heldout": file_sha256(self.heldout),
+            "plugins": list(self.plugins),
+            "code": code_fingerprint(),
+        }
 
 
 # Settings fields that change the speed or memory of a run, not its semantics (a micro-batch changes
@@ -307,8 +338,13 @@ def code_commit() -> str:
     if os.environ.get("AVSPO_COMMIT"):
         return os.environ["AVSPO_COMMIT"]
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return out.stdout.strip() if out.returncode == 0 else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -418,8 +454,10 @@ class Policy:
 
     def chats(self, problems: list[str]) -> list[str]:
         tok = self.tok
-        return [p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                for p in (make_prompt(q, self.template) for q in problems)]  # fmt: skip
+        return [
+            p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+            for p in (make_prompt(q, self.template) for q in problems)
+        ]
 
     def encode(self, problems: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids and attention mask ``[P, Lp]`` on the run's device."""
@@ -437,8 +475,15 @@ class Policy:
             m = completion_mask(c, self.eos_ids)
             trunc.append(~torch.isin(c, self.eos_ids).any(-1))
             left, right = width_p - p.shape[1], width_c - c.shape[1]
-            ids.append(torch.cat([torch.nn.functional.pad(p, (left, 0), value=tok.pad_token_id),
-                                  torch.nn.functional.pad(c, (0, right), value=tok.pad_token_id)], 1))  # fmt: skip
+            ids.append(
+                torch.cat(
+                    [
+                        torch.nn.functional.pad(p, (left, 0), value=tok.pad_token_id),
+                        torch.nn.functional.pad(c, (0, right), value=tok.pad_token_id),
+                    ],
+                    1,
+                )
+            )
             attn.append(torch.cat([torch.nn.functional.pad(a, (left, 0)), torch.nn.functional.pad(m, (0, right))], 1))
             mask.append(torch.nn.functional.pad(m, (0, right)))
         ids, attn, mask = torch.cat(ids), torch.cat(attn), torch.cat(mask)
@@ -454,20 +499,36 @@ class Policy:
         for i in range(0, len(problems), per_call):
             ids, attn = self.encode(problems[i : i + per_call])
             with self.autocast():
-                out = self.model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=temperature,
-                                          top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, num_return_sequences=n,
-                                          pad_token_id=self.tok.pad_token_id)  # fmt: skip
+                out = self.model.generate(
+                    input_ids=ids,
+                    attention_mask=attn,
+                    do_sample=True,
+                    temperature=temperature,
+                    top_p=1.0,
+                    top_k=0,
+                    max_new_tokens=max_new_tokens,
+                    num_return_sequences=n,
+                    pad_token_id=self.tok.pad_token_id,
+                )
             parts.append((ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), out[:, ids.shape[1] :]))
         return self.rollout(parts)
 
-    def logprobs_entropy(self, ids: torch.Tensor, attn: torch.Tensor, width_c: int, entropy: bool,
-                         temperature: float, autocast: bool = True):  # fmt: skip
+    def logprobs_entropy(
+        self,
+        ids: torch.Tensor,
+        attn: torch.Tensor,
+        width_c: int,
+        entropy: bool,
+        temperature: float,
+        autocast: bool = True,
+    ):
         """Log-probs ``[B, T]`` of the completion tokens under the sampling policy softmax(logits / T)
         (with grad) and, when asked, its entropies (no grad); logits only at the completion's positions."""
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
         with self.autocast() if autocast else contextlib.nullcontext():
-            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos,
-                                logits_to_keep=width_c + 1).logits[:, :-1]  # fmt: skip
+            logits = self.model(
+                input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=width_c + 1
+            ).logits[:, :-1]
         return token_logprobs_entropy(logits, ids[:, -width_c:], temperature, entropy)
 
 
@@ -533,8 +594,14 @@ class HFEngine:
         width_c = ro.mask.shape[1]
         mask = ro.mask.float()
         total = mask.sum().clamp_min(1.0)
-        out = {"loss": 0.0, "entropy_sum": 0.0, "tok_adv_sum": 0.0, "loss_finite": True, "logprobs_finite": True,
-               "entropy_finite": True}  # fmt: skip
+        out = {
+            "loss": 0.0,
+            "entropy_sum": 0.0,
+            "tok_adv_sum": 0.0,
+            "loss_finite": True,
+            "logprobs_finite": True,
+            "entropy_finite": True,
+        }
         self.optimizer.zero_grad(set_to_none=True)
         for i in range(0, ro.ids.shape[0], s.micro_batch):
             sl = slice(i, i + s.micro_batch)
@@ -565,8 +632,12 @@ class HFEngine:
         adv = req.adv.reshape(-1).to(self.policy.device)
         b = self._backward(req.ro, adv, req.sign)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), s.grad_clip)
-        out = {"loss": b["loss"], "entropy": b["entropy_sum"] / b["total"], "grad_norm": float(grad_norm),
-               "update_skipped": 0}  # fmt: skip
+        out = {
+            "loss": b["loss"],
+            "entropy": b["entropy_sum"] / b["total"],
+            "grad_norm": float(grad_norm),
+            "update_skipped": 0,
+        }
         if self.controller.needs_entropy:
             out["token_adv_abs_mean"] = b["tok_adv_sum"] / b["total"]
         if torch.isfinite(grad_norm):
@@ -577,8 +648,13 @@ class HFEngine:
             for n, p in self.policy.model.named_parameters()
             if p.grad is not None and not torch.isfinite(p.grad).all()
         ]
-        diag = {"loss_finite": b["loss_finite"], "logprobs_finite": b["logprobs_finite"],
-                "entropy_finite": b["entropy_finite"], "nonfinite_grads": len(bad), "first_nonfinite_grads": bad[:5]}  # fmt: skip
+        diag = {
+            "loss_finite": b["loss_finite"],
+            "logprobs_finite": b["logprobs_finite"],
+            "entropy_finite": b["entropy_finite"],
+            "nonfinite_grads": len(bad),
+            "first_nonfinite_grads": bad[:5],
+        }
         if self.policy.dtype != torch.float32:
             fp32 = self._backward(req.ro, adv, req.sign, autocast=False)
             norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), float("inf"))
@@ -637,8 +713,11 @@ class PromptStream:
 
 
 def _rng_state(device: torch.device) -> dict:
-    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-            "python": random.getstate()}  # fmt: skip
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+        "python": random.getstate(),
+    }
 
 
 def _set_rng_state(s: dict, device: torch.device) -> None:
@@ -714,8 +793,9 @@ class Run:
         self.format_score = format_reward(s.reward) if spec.arm.reward == "format" else None
         arm = spec.arm
         self.lr = arm.lr if arm.lr is not None else s.lr
-        self.controller = CollapseController(arm.estimator, arm.estimator_config(), acr=ACRConfig(**s.acr),
-                                             seed=spec.seed)  # fmt: skip
+        self.controller = CollapseController(
+            arm.estimator, arm.estimator_config(), acr=ACRConfig(**s.acr), seed=spec.seed
+        )
         self.engine = engine if engine is not None else HFEngine(spec, self.controller)
         self.policy = self.engine.policy  # the tokenizer (and, with its own engine, the model)
         self.optimizer = getattr(self.engine, "optimizer", None)
@@ -723,10 +803,22 @@ class Run:
         if arm.greso is not None:
             self.greso = GRESOSelector(GRESOConfig(**arm.greso), acr=self.controller.acr, seed=spec.seed)
         self.stream = PromptStream(len(self.train_rows), spec.seed)
-        self.state = {"step": 0, "tokens": 0, "groups_generated": 0, "groups_collapsed_generated": 0,
-                      "completions": 0, "truncated": 0, "groups_trained": 0, "groups_signal": 0,
-                      "skipped_updates": 0, "nonfinite": [], "train_s": 0.0, "curve": [], "mid_evals": [],
-                      "resumed": 0}  # fmt: skip
+        self.state = {
+            "step": 0,
+            "tokens": 0,
+            "groups_generated": 0,
+            "groups_collapsed_generated": 0,
+            "completions": 0,
+            "truncated": 0,
+            "groups_trained": 0,
+            "groups_signal": 0,
+            "skipped_updates": 0,
+            "nonfinite": [],
+            "train_s": 0.0,
+            "curve": [],
+            "mid_evals": [],
+            "resumed": 0,
+        }
         self._resume()
 
     def _drive(self, requests):
@@ -761,9 +853,15 @@ class Run:
         _set_rng_state(ck["rng"], self.policy.device)
 
     def _checkpoint(self) -> None:
-        ck = {"model": self.engine.model_state(), "optimizer": self.engine.optimizer_state(),
-              "controller": self.controller.state_dict(), "greso": self.greso.state_dict() if self.greso else None,
-              "stream": self.stream.state_dict(), "state": self.state, "rng": _rng_state(self.policy.device)}  # fmt: skip
+        ck = {
+            "model": self.engine.model_state(),
+            "optimizer": self.engine.optimizer_state(),
+            "controller": self.controller.state_dict(),
+            "greso": self.greso.state_dict() if self.greso else None,
+            "stream": self.stream.state_dict(),
+            "state": self.state,
+            "rng": _rng_state(self.policy.device),
+        }
         tmp = self.dir / "ckpt.pt.tmp"
         torch.save(ck, tmp)
         os.replace(tmp, self.dir / "ckpt.pt")  # a kill mid-write leaves the previous checkpoint whole
@@ -811,8 +909,14 @@ class Run:
                 break  # DAPO-DS starts no refill round past the budget: it overshoots by one round at most
             idx = self._prompts(P)
             # common random numbers: this round's sampling is a function of (seed, step, round) only
-            ro = yield Generate([self.train_rows[i]["problem"] for i in idx], G, s.max_new_tokens, s.temperature,
-                                sampling_seed(self.spec.seed, st["step"], round_), s.gen_batch)  # fmt: skip
+            ro = yield Generate(
+                [self.train_rows[i]["problem"] for i in idx],
+                G,
+                s.max_new_tokens,
+                s.temperature,
+                sampling_seed(self.spec.seed, st["step"], round_),
+                s.gen_batch,
+            )
             rewards, task = self._rewards(ro, idx, round_)
             collapsed = collapse_stats(rewards, acr.tol, tuple(acr.reward_range)).collapsed
             for k, v in (
@@ -823,7 +927,7 @@ class Run:
                 ("truncated", int(ro.truncated.sum())),
                 ("rounds", 1),
             ):
-                gen[k] += v  # fmt: skip
+                gen[k] += v
             if self.greso is not None:
                 self.greso.observe([self.train_rows[i]["problem"] for i in idx], rewards)
             keep = ~collapsed if arm.dynamic else torch.ones(len(idx), dtype=torch.bool)
@@ -845,17 +949,25 @@ class Run:
 
         def fit(t: torch.Tensor, prompt_width: int, value: int) -> torch.Tensor:
             """Rows of one part padded to the widths of all: prompts on the left, completions on the right."""
-            return torch.nn.functional.pad(t, (width_p - prompt_width, width_c - (t.shape[1] - prompt_width)),
-                                           value=value)  # fmt: skip
+            return torch.nn.functional.pad(
+                t, (width_p - prompt_width, width_c - (t.shape[1] - prompt_width)), value=value
+            )
 
         pad_id = self.policy.tok.pad_token_id
         merged = Rollout(
-            torch.cat([fit(ro.ids[r.to(ro.ids.device)], ro.ids.shape[1] - ro.mask.shape[1], pad_id) for ro, r, *_ in kept]),
+            torch.cat(
+                [fit(ro.ids[r.to(ro.ids.device)], ro.ids.shape[1] - ro.mask.shape[1], pad_id) for ro, r, *_ in kept]
+            ),
             torch.cat([fit(ro.attn[r.to(ro.ids.device)], ro.ids.shape[1] - ro.mask.shape[1], 0) for ro, r, *_ in kept]),
-            torch.cat([torch.nn.functional.pad(ro.mask[r.to(ro.ids.device)], (0, width_c - ro.mask.shape[1])) for ro, r, *_ in kept]),
+            torch.cat(
+                [
+                    torch.nn.functional.pad(ro.mask[r.to(ro.ids.device)], (0, width_c - ro.mask.shape[1]))
+                    for ro, r, *_ in kept
+                ]
+            ),
             [ro.texts[i] for ro, r, *_ in kept for i in r.tolist()],
             torch.cat([ro.truncated[r] for ro, r, *_ in kept]),
-        )  # fmt: skip
+        )
         idx = [i for k in kept for i in k[2]]
         return merged, idx, torch.cat([k[3] for k in kept]), torch.cat([k[4] for k in kept]), gen
 
@@ -872,11 +984,25 @@ class Run:
         diag = out.pop("diagnosis", None)
         if diag is not None:
             step = self.state["step"] + 1
-            diag = {"step": step, **diag, "completion_tokens": int(ro.mask.sum()), "truncated": int(ro.truncated.sum()),
-                    "max_prompt_padding": int((ro.attn[:, : ro.attn.shape[1] - ro.mask.shape[1]] == 0).sum(1).max())}  # fmt: skip
+            diag = {
+                "step": step,
+                **diag,
+                "completion_tokens": int(ro.mask.sum()),
+                "truncated": int(ro.truncated.sum()),
+                "max_prompt_padding": int((ro.attn[:, : ro.attn.shape[1] - ro.mask.shape[1]] == 0).sum(1).max()),
+            }
             self.state["nonfinite"].append(diag)
-            torch.save({"ids": ro.ids.cpu(), "attn": ro.attn.cpu(), "mask": ro.mask.cpu(), "adv": adv.cpu(),
-                        "rewards": rewards.cpu(), "diagnosis": diag}, self.dir / f"nonfinite_step{step}.pt")  # fmt: skip
+            torch.save(
+                {
+                    "ids": ro.ids.cpu(),
+                    "attn": ro.attn.cpu(),
+                    "mask": ro.mask.cpu(),
+                    "adv": adv.cpu(),
+                    "rewards": rewards.cpu(),
+                    "diagnosis": diag,
+                },
+                self.dir / f"nonfinite_step{step}.pt",
+            )
         return out
 
     def step_g(self):
@@ -888,14 +1014,27 @@ class Run:
         st["groups_collapsed_generated"] += gen["collapsed"]
         st["completions"] += gen["completions"]
         st["truncated"] += gen["truncated"]
-        row = {"step": st["step"] + 1, "tokens": st["tokens"], "step_tokens": gen["tokens"], "rounds": gen["rounds"],
-               "groups_generated": gen["groups"], "acr_generated": gen["collapsed"] / max(1, gen["groups"]),
-               "truncation_rate": gen["truncated"] / max(1, gen["completions"]),
-               "completion_tokens_mean": gen["tokens"] / max(1, gen["completions"]), "groups_trained": len(idx)}  # fmt: skip
+        row = {
+            "step": st["step"] + 1,
+            "tokens": st["tokens"],
+            "step_tokens": gen["tokens"],
+            "rounds": gen["rounds"],
+            "groups_generated": gen["groups"],
+            "acr_generated": gen["collapsed"] / max(1, gen["groups"]),
+            "truncation_rate": gen["truncated"] / max(1, gen["completions"]),
+            "completion_tokens_mean": gen["tokens"] / max(1, gen["completions"]),
+            "groups_trained": len(idx),
+        }
         if ro is None:  # DAPO-DS found no mixed group in its rounds: nothing to train on this step
             st["skipped_updates"] += 1
-            row.update(reward=float("nan"), task_reward=float("nan"), acr=float("nan"), acr_effective=float("nan"),
-                       groups_signal=0, update_skipped=1)  # fmt: skip
+            row.update(
+                reward=float("nan"),
+                task_reward=float("nan"),
+                acr=float("nan"),
+                acr_effective=float("nan"),
+                groups_signal=0,
+                update_skipped=1,
+            )
         else:
             adv, metrics = ctrl.step(rewards)
             if self.spec.arm.control == "random_sign":
@@ -909,10 +1048,17 @@ class Run:
             st["groups_trained"] += len(idx)
             st["groups_signal"] += int(signal.sum())
             update = yield from self._update_g(ro, adv, rewards)
-            row.update(reward=float(rewards.mean()), task_reward=float(task.mean()), acr=metrics["acr"],
-                       acr_all_wrong=metrics["acr_all_wrong"], acr_all_right=metrics["acr_all_right"],
-                       acr_effective=metrics["acr_effective"], gate_open=metrics.get("gate_open", 0.0),
-                       groups_signal=int(signal.sum()), **update)  # fmt: skip
+            row.update(
+                reward=float(rewards.mean()),
+                task_reward=float(task.mean()),
+                acr=metrics["acr"],
+                acr_all_wrong=metrics["acr_all_wrong"],
+                acr_all_right=metrics["acr_all_right"],
+                acr_effective=metrics["acr_effective"],
+                gate_open=metrics.get("gate_open", 0.0),
+                groups_signal=int(signal.sum()),
+                **update,
+            )
         st["step"] += 1
         st["train_s"] += time.perf_counter() - t0
         row["wall_s"] = st["train_s"]
@@ -964,8 +1110,10 @@ class Run:
                     if row.get("update_skipped") and row["groups_trained"]
                     else ""
                 )
-                log(f"step {row['step']} tokens {row['tokens']}/{s.token_budget} reward {row['task_reward']:.3f} "
-                    f"acr {row['acr']:.2f} acr_effective {row['acr_effective']:.2f} {row['wall_s']:.0f}s{skipped}")  # fmt: skip
+                log(
+                    f"step {row['step']} tokens {row['tokens']}/{s.token_budget} reward {row['task_reward']:.3f} "
+                    f"acr {row['acr']:.2f} acr_effective {row['acr_effective']:.2f} {row['wall_s']:.0f}s{skipped}"
+                )
                 yield from self._mid_eval_g()
                 if s.ckpt_every and st["step"] % s.ckpt_every == 0:
                     self._checkpoint()
@@ -980,8 +1128,11 @@ class Run:
         """The run's record: what the study's tables and its paired statistics read."""
         s, st = self.spec.settings, self.state
         t0 = time.perf_counter()
-        per = (yield from evaluate(self.heldout_rows, s.eval_n, s, self.score, self.spec.seed + 15_485_863)) \
-            if s.final_eval else {}  # fmt: skip
+        per = (
+            (yield from evaluate(self.heldout_rows, s.eval_n, s, self.score, self.spec.seed + 15_485_863))
+            if s.final_eval
+            else {}
+        )
         levels: dict[str, list[float]] = {}
         for r in self.heldout_rows:
             if "level" in r and r["unique_id"] in per:
@@ -996,26 +1147,49 @@ class Run:
         record = {**self.spec.settings_record(), "precision": precision["compute"]}
         nonfinite = len(st["nonfinite"])
         return {
-            "method": self.spec.method, "seed": self.spec.seed, "arm": dataclasses.asdict(self.spec.arm),
-            "settings": record, "settings_hash": settings_hash(record), "commit": code_commit(), "lr": self.lr,
-            "steps": st["step"], "generated_tokens": st["tokens"], "token_budget": s.token_budget,
+            "method": self.spec.method,
+            "seed": self.spec.seed,
+            "arm": dataclasses.asdict(self.spec.arm),
+            "settings": record,
+            "settings_hash": settings_hash(record),
+            "commit": code_commit(),
+            "lr": self.lr,
+            "steps": st["step"],
+            "generated_tokens": st["tokens"],
+            "token_budget": s.token_budget,
             "last_step_tokens": st["curve"][-1]["step_tokens"] if st["curve"] else 0,
-            "groups_generated": st["groups_generated"], "groups_trained": st["groups_trained"],
-            "groups_signal": st["groups_signal"], "skipped_updates": st["skipped_updates"],
+            "groups_generated": st["groups_generated"],
+            "groups_trained": st["groups_trained"],
+            "groups_signal": st["groups_signal"],
+            "skipped_updates": st["skipped_updates"],
             "signal_groups_per_mtok": 1e6 * st["groups_signal"] / st["tokens"] if st["tokens"] else 0.0,
-            "acr_generated": st["groups_collapsed_generated"] / st["groups_generated"] if st["groups_generated"] else float("nan"),
+            "acr_generated": st["groups_collapsed_generated"] / st["groups_generated"]
+            if st["groups_generated"]
+            else float("nan"),
             "truncation_rate": st["truncated"] / st["completions"] if st["completions"] else float("nan"),
             "completion_tokens_mean": st["tokens"] / st["completions"] if st["completions"] else float("nan"),
-            "nonfinite_steps": st["nonfinite"], "nonfinite_share": nonfinite / st["step"] if st["step"] else 0.0,
+            "nonfinite_steps": st["nonfinite"],
+            "nonfinite_share": nonfinite / st["step"] if st["step"] else 0.0,
             "flagged": bool(st["step"] and nonfinite / st["step"] > NONFINITE_FLAG),
-            "heldout_pass1": level_mean(per, self.heldout_rows) if per else None, "heldout_problems": len(per),
-            "heldout_by_level": {k: sum(v) / len(v) for k, v in levels.items()}, "per_problem": per,
-            "eval_n": s.eval_n, "acr_raw": avg("acr"), "acr_effective": avg("acr_effective"),
-            "acr_all_wrong": avg("acr_all_wrong"), "acr_all_right": avg("acr_all_right"),
-            "curve": st["curve"], "mid_evals": st["mid_evals"], "train_s": st["train_s"],
-            "eval_s": time.perf_counter() - t0, "resumed": st["resumed"], "engine": s.engine,
-            "device": device_name(dev), "precision": precision, "torch": torch.__version__,
-        }  # fmt: skip
+            "heldout_pass1": level_mean(per, self.heldout_rows) if per else None,
+            "heldout_problems": len(per),
+            "heldout_by_level": {k: sum(v) / len(v) for k, v in levels.items()},
+            "per_problem": per,
+            "eval_n": s.eval_n,
+            "acr_raw": avg("acr"),
+            "acr_effective": avg("acr_effective"),
+            "acr_all_wrong": avg("acr_all_wrong"),
+            "acr_all_right": avg("acr_all_right"),
+            "curve": st["curve"],
+            "mid_evals": st["mid_evals"],
+            "train_s": st["train_s"],
+            "eval_s": time.perf_counter() - t0,
+            "resumed": st["resumed"],
+            "engine": s.engine,
+            "device": device_name(dev),
+            "precision": precision,
+            "torch": torch.__version__,
+        }
 
     def result(self) -> dict:
         return self._drive(self.result_g())
@@ -1064,8 +1238,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec.from_json(Path(args.spec).read_text(encoding="utf-8"))
     res = run(spec, Path(args.run_dir), lambda line: print(f"[{spec.method} seed {spec.seed}] {line}", flush=True))
     pass1 = res["heldout_pass1"]
-    print(f"[{spec.method} seed {spec.seed}] done: {res['steps']} steps, {res['generated_tokens']} tokens, "
-          f"held-out pass@1 {'-' if pass1 is None else f'{100 * pass1:.1f} %'}", flush=True)  # fmt: skip
+    print(
+        f"[{spec.method} seed {spec.seed}] done: {res['steps']} steps, {res['generated_tokens']} tokens, "
+        f"held-out pass@1 {'-' if pass1 is None else f'{100 * pass1:.1f} %'}",
+        flush=True,
+    )
     return 0
 
 

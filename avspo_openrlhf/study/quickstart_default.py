@@ -37,15 +37,16 @@ def table(results: dict[int, dict]) -> str:
         "| seed | wall time | training (first step after) | held-out pass@1 before → after | gain, points [95 % bootstrap "
         "interval] | " + " | ".join(f"{lv} gain" for lv in LEVELS) + " | truncated answers before → after |",
         "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in LEVELS) + " | --- |",
-    ]  # fmt: skip
+    ]
     for seed, r in sorted(results.items()):
         g = r["gain_ci95"]
         lines.append(
             f"| {seed} | {r['wall_min']:.1f} min | {training_cell(r)} "
             f"| {100 * r['before']['pass@1']:.1f} % → {100 * r['after']['pass@1']:.1f} % "
-            f"| **{tables.fmt_interval(g['all'])}** | " + " | ".join(tables.fmt_interval(g[lv]) for lv in LEVELS)
+            f"| **{tables.fmt_interval(g['all'])}** | "
+            + " | ".join(tables.fmt_interval(g[lv]) for lv in LEVELS)
             + f" | {100 * r['before']['truncation_rate']:.0f} % → {100 * r['after']['truncation_rate']:.0f} % |"
-        )  # fmt: skip
+        )
     runs = [results[seed] for seed in sorted(results)]
     lines.append(f"\nCPU: {tables.cpu_line(runs)}.")
     lines += tables.precision_lines(runs)
@@ -58,8 +59,11 @@ def main(folder: Path, argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--out", default="runs/quickstart_seeds")
     p.add_argument("--results", default=str(folder), help="where results.md/json and plots go")
-    p.add_argument("--report-only", action="store_true", help="rebuild results.md from the results.json in "
-                   "--results (the seeds' summaries as published); runs nothing")  # fmt: skip
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild results.md from the results.json in --results (the seeds' summaries as published); runs nothing",
+    )
     p.add_argument("extra", nargs="*", help="after '--': more quickstart options")
     args = p.parse_args(argv)
     out, res_dir = Path(args.out), Path(args.results)

@@ -70,9 +70,24 @@ def _mid_pass1(e: dict) -> float | None:
 # what the report writes that the repository keeps
 PUBLISHED = ("results.md", "results.json", "remedies.png", "acr_vs_accuracy.md", "acr_vs_accuracy.json")
 # what a reader needs per run; the per-problem records and curves stay in the published results.json
-PER_SEED_KEYS = ("heldout_pass1", "heldout_pass1_first", "heldout_problems", "heldout_by_level", "steps",
-                 "generated_tokens", "trained_samples", "generated_per_trained", "acr_start", "acr_raw",
-                 "acr_effective", "acr_all_wrong", "acr_all_right", "train_wall_min", "resumed", "cpu")  # fmt: skip
+PER_SEED_KEYS = (
+    "heldout_pass1",
+    "heldout_pass1_first",
+    "heldout_problems",
+    "heldout_by_level",
+    "steps",
+    "generated_tokens",
+    "trained_samples",
+    "generated_per_trained",
+    "acr_start",
+    "acr_raw",
+    "acr_effective",
+    "acr_all_wrong",
+    "acr_all_right",
+    "train_wall_min",
+    "resumed",
+    "cpu",
+)
 
 
 def _heldout_points(r: dict, before: float) -> list[tuple[float, float, float]]:
@@ -124,8 +139,11 @@ class RemediesStudy:
 
         out.mkdir(parents=True, exist_ok=True)
         heldout = synthetic_arithmetic(self.heldout + self.heldout_extra, list(self.levels), seed=1000)
-        sets = {"train": synthetic_arithmetic(self.train_prompts, list(self.levels), seed=0),
-                "heldout": heldout[: self.heldout], "heldout_extra": heldout[self.heldout :]}  # fmt: skip
+        sets = {
+            "train": synthetic_arithmetic(self.train_prompts, list(self.levels), seed=0),
+            "heldout": heldout[: self.heldout],
+            "heldout_extra": heldout[self.heldout :],
+        }
         for name, rows in sets.items():
             for r in rows:
                 r["prompt"] = make_prompt(r["problem"], "user")
@@ -141,10 +159,14 @@ class RemediesStudy:
         per = dict(res["per_problem"])
         per.update({r["unique_id"]: sum(r["correct"]) / len(r["correct"]) for r in records})
         by_level = {lv: [v for k, v in per.items() if self.level(k) == lv] for lv in self.levels}
-        out = {**res, "per_problem": per, "heldout_problems": len(per),
-               "heldout_pass1_first": res.get("heldout_pass1_first", res["heldout_pass1"]),
-               "heldout_pass1": statistics.mean(per.values()),
-               "heldout_by_level": {lv: statistics.mean(v) for lv, v in by_level.items() if v}}  # fmt: skip
+        out = {
+            **res,
+            "per_problem": per,
+            "heldout_problems": len(per),
+            "heldout_pass1_first": res.get("heldout_pass1_first", res["heldout_pass1"]),
+            "heldout_pass1": statistics.mean(per.values()),
+            "heldout_by_level": {lv: statistics.mean(v) for lv, v in by_level.items() if v},
+        }
         if precision is not None:
             out["precision"] = {**res.get("precision", {}), "evaluation after (extra problems)": precision}
         return out
@@ -157,8 +179,10 @@ class RemediesStudy:
         if held >= self.heldout + self.heldout_extra:
             return res
         if not (run_dir / "final" / "config.json").exists():
-            raise RuntimeError(f"{run_dir}: holds {held} held-out problems and no final "
-                               "model to evaluate the rest with; delete the folder to run it again")  # fmt: skip
+            raise RuntimeError(
+                f"{run_dir}: holds {held} held-out problems and no final "
+                "model to evaluate the rest with; delete the folder to run it again"
+            )
         args = self.study_args(res["method"], res["seed"], self.token_budget)
         qs.evaluate_heldout(str(run_dir / "final"), extra, run_dir / "eval_after_extra", args, run_dir / "log.txt")
         records = qs.eval_records(run_dir / "eval_after_extra")
@@ -216,7 +240,7 @@ class RemediesStudy:
                     "acr_effective": r["acr_effective"],
                 }
                 for r in rows
-            ],  # fmt: skip
+            ],
             "mid_evals": [{"step": e["step"], "pass1": _mid_pass1(e)} for e in cell.evals if _mid_pass1(e) is not None],
             "precision": qs.stage_precisions(run_dir),
             "load_avg": os.getloadavg(),
@@ -229,8 +253,11 @@ class RemediesStudy:
         """Held-out pass@1 of the model before training, on the set the runs hold (``extended``: the
         extension too)."""
         sets = [("eval_before", self.heldout)] + ([("eval_before_extra", self.heldout_extra)] if extended else [])
-        parts = [(json.loads((out / d / "summary.json").read_text())["benchmarks"]["arith"], n)
-                 for d, n in sets if (out / d / "summary.json").exists()]  # fmt: skip
+        parts = [
+            (json.loads((out / d / "summary.json").read_text())["benchmarks"]["arith"], n)
+            for d, n in sets
+            if (out / d / "summary.json").exists()
+        ]
         if not parts:
             return math.nan
         return sum(s["pass@1"] * n for s, n in parts) / sum(n for _, n in parts)
@@ -260,24 +287,37 @@ class RemediesStudy:
         for m in methods:
             cmp = [pooled_compare(acc, m, b) for b in self.baselines]
             if any(cmp):
-                cells_ = [f"{tables.fmt_interval((c['diff'], *c['ci95']))}, sd {100 * c['sd']:.1f}, "
-                          f"p={c['p_sign_flip']:.3f} ({c['pairs']})" if c else "-" for c in cmp]  # fmt: skip
+                cells_ = [
+                    f"{tables.fmt_interval((c['diff'], *c['ci95']))}, sd {100 * c['sd']:.1f}, "
+                    f"p={c['p_sign_flip']:.3f} ({c['pairs']})"
+                    if c
+                    else "-"
+                    for c in cmp
+                ]
                 rows.append(f"| {m} | " + " | ".join(cells_) + " |")
         if not rows:
             return []
-        return ["", f"Both passes together, on the first {self.heldout} held-out problems (the set both evaluated): "
-                "each (pass, seed) run is a draw, paired within the draw; mean [95 % t interval over the draws], sd "
-                "of the paired differences, p = exact sign-flip (draws):", "",
-                "| method | " + " | ".join(f"vs {b} (points)" for b in self.baselines) + " |",
-                "| --- |" + " --- |" * len(self.baselines), *rows]  # fmt: skip
+        return [
+            "",
+            f"Both passes together, on the first {self.heldout} held-out problems (the set both evaluated): "
+            "each (pass, seed) run is a draw, paired within the draw; mean [95 % t interval over the draws], sd "
+            "of the paired differences, p = exact sign-flip (draws):",
+            "",
+            "| method | " + " | ".join(f"vs {b} (points)" for b in self.baselines) + " |",
+            "| --- |" + " --- |" * len(self.baselines),
+            *rows,
+        ]
 
     def level_compare_table(self, results: list[dict], methods: list[str], base: str = "GRPO") -> list[str]:
         """Paired differences against ``base`` level by level (the same bootstrap as the main table, on
         one level's problems): which levels a method's overall difference comes from."""
 
         def at(lv: str) -> list[dict]:
-            return [{**r, "per_problem": {k: v for k, v in r["per_problem"].items() if self.level(k) == lv}}
-                    for r in results if r.get("per_problem")]  # fmt: skip
+            return [
+                {**r, "per_problem": {k: v for k, v in r["per_problem"].items() if self.level(k) == lv}}
+                for r in results
+                if r.get("per_problem")
+            ]
 
         by_level = {lv: at(lv) for lv in self.levels}
         rows = []
@@ -287,9 +327,15 @@ class RemediesStudy:
                 rows.append(f"| {m} | " + " | ".join(fmt_compare(c) for c in cmp) + " |")
         if not rows:
             return []
-        return ["", f"Per level against {base} (points; mean [95 % bootstrap interval], p = bootstrap / exact "
-                "sign-flip (seeds)):", "", "| method | " + " | ".join(self.levels) + " |",
-                "| --- |" + " --- |" * len(self.levels), *rows]  # fmt: skip
+        return [
+            "",
+            f"Per level against {base} (points; mean [95 % bootstrap interval], p = bootstrap / exact "
+            "sign-flip (seeds)):",
+            "",
+            "| method | " + " | ".join(self.levels) + " |",
+            "| --- |" + " --- |" * len(self.levels),
+            *rows,
+        ]
 
     # ── the report ──
 
@@ -303,12 +349,18 @@ class RemediesStudy:
         elif n_full == 0:
             held = f"{self.heldout} problems x n=4 (T=0.7; the first pass's set, without the {self.heldout_extra} added later)"
         else:
-            held = (f"{full:,} problems x n=4 (T=0.7) for {n_full} of {len(results)} runs, the first "
-                    f"{self.heldout} for the others (a difference is over the problems both runs hold)")  # fmt: skip
+            held = (
+                f"{full:,} problems x n=4 (T=0.7) for {n_full} of {len(results)} runs, the first "
+                f"{self.heldout} for the others (a difference is over the problems both runs hold)"
+            )
         # a half-width, not a ±: in the tables ± is the standard deviation over seeds (tables.SD_NOTE)
         hw = [100 * t_halfwidth(list(r["per_problem"].values())) for r in results if len(r.get("per_problem", {})) > 1]
-        interval = (f"; one run's 95 % evaluation interval (t, over problems) has a half-width of {min(hw):.1f}–"
-                    f"{max(hw):.1f} points" if hw else "")  # fmt: skip
+        interval = (
+            f"; one run's 95 % evaluation interval (t, over problems) has a half-width of {min(hw):.1f}–"
+            f"{max(hw):.1f} points"
+            if hw
+            else ""
+        )
         return f"Held-out: {held}; before training {100 * before:.1f} %{interval}."
 
     def seed_and_level_tables(self, results: list[dict], methods: list[str]) -> list[str]:
@@ -317,25 +369,37 @@ class RemediesStudy:
         method wins or loses, not only by how much."""
         acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
         seeds = sorted({r["seed"] for r in results})
-        lines = ["", "Held-out pass@1 per seed (%):", "", "| seed | " + " | ".join(methods) + " |",
-                 "| --- |" + " --- |" * len(methods)]  # fmt: skip
+        lines = [
+            "",
+            "Held-out pass@1 per seed (%):",
+            "",
+            "| seed | " + " | ".join(methods) + " |",
+            "| --- |" + " --- |" * len(methods),
+        ]
         for s in seeds:
             row = [f"{100 * acc[m, s]:.1f}" if (m, s) in acc else "" for m in methods]
             lines.append(f"| {s} | " + " | ".join(row) + " |")
-        lines += ["", "Per level (held-out pass@1, %) and the trained groups' collapsed share (all-wrong, all-right), "
-                  "means over seeds:", "",
-                  "| method | seeds | " + " | ".join(self.levels) + " | all-wrong | all-right |",
-                  "| --- | --- |" + " --- |" * (len(self.levels) + 2)]  # fmt: skip
+        lines += [
+            "",
+            "Per level (held-out pass@1, %) and the trained groups' collapsed share (all-wrong, all-right), "
+            "means over seeds:",
+            "",
+            "| method | seeds | " + " | ".join(self.levels) + " | all-wrong | all-right |",
+            "| --- | --- |" + " --- |" * (len(self.levels) + 2),
+        ]
         for m in methods:
             rs = [r for r in results if r["method"] == m]
-            lv = [tables.mean([r["heldout_by_level"][k] for r in rs if k in r.get("heldout_by_level", {})], 100)
-                  for k in self.levels]  # fmt: skip
+            lv = [
+                tables.mean([r["heldout_by_level"][k] for r in rs if k in r.get("heldout_by_level", {})], 100)
+                for k in self.levels
+            ]
             split = [tables.mean([r[k] for r in rs if k in r], 1, "{:.2f}") for k in ("acr_all_wrong", "acr_all_right")]
             lines.append(f"| {m} | {len(rs)} | " + " | ".join(lv + split) + " |")
         return lines
 
-    def per_seed_summary(self, results: list[dict], summary: dict, first_pass: dict | None, budget: int,
-                         before: float) -> dict:  # fmt: skip
+    def per_seed_summary(
+        self, results: list[dict], summary: dict, first_pass: dict | None, budget: int, before: float
+    ) -> dict:
         """Both passes' numbers per method and seed, with their paired comparisons (each pass's and the
         pooled ones), in a file small enough to read: the study's answer without its per-problem
         records. ``summary`` is the report's (second-pass comparisons); ``first_pass`` the first pass's
@@ -397,14 +461,17 @@ class RemediesStudy:
             + "steps | generated tokens | generated ÷ trained samples | raw ACR (first 3 steps) | raw ACR (trained) "
             "| effective ACR | train wall (min) |",
             "| --- | --- | --- |" + " --- |" * len(self.baselines) + " --- | --- | --- | --- | --- | --- | --- |",
-        ]  # fmt: skip
+        ]
         summary = {}
         for m in methods:
             rs = [r for r in results if r["method"] == m]
             cmp = {base: compare(results, m, base) for base in self.baselines}
-            summary[m] = {"seeds": sorted(r["seed"] for r in rs), "heldout_pass1": [r["heldout_pass1"] for r in rs],
-                          "heldout_problems": [r.get("heldout_problems", self.heldout) for r in rs],
-                          **{f"vs_{b}": c for b, c in cmp.items()}}  # fmt: skip
+            summary[m] = {
+                "seeds": sorted(r["seed"] for r in rs),
+                "heldout_pass1": [r["heldout_pass1"] for r in rs],
+                "heldout_problems": [r.get("heldout_problems", self.heldout) for r in rs],
+                **{f"vs_{b}": c for b, c in cmp.items()},
+            }
             lines.append(
                 f"| {m} | {len(rs)} ({self.min_seeds[m]}) | {mean_sd([r['heldout_pass1'] for r in rs], 100)} | "
                 + "".join(f"{fmt_compare(cmp[b])} | " for b in self.baselines)
@@ -414,7 +481,7 @@ class RemediesStudy:
                 f"{mean_sd([r['acr_start'] for r in rs], 1, '{:.2f}')} | {mean_sd([r['acr_raw'] for r in rs], 1, '{:.2f}')} | "
                 f"{mean_sd([r['acr_effective'] for r in rs], 1, '{:.2f}')} | "
                 f"{mean_sd([r['train_wall_min'] for r in rs], 1, '{:.1f}')} |"
-            )  # fmt: skip
+            )
         lines += self.seed_and_level_tables(results, methods)
         lines += self.level_compare_table(results, methods)
         first_pass = self.load_first_pass()
@@ -422,17 +489,25 @@ class RemediesStudy:
             lines += self.pooled_table(results, first_pass["runs"], methods)
         greso = [r for r in results if r["greso"]]
         if greso:
-            lines += ["", "| GRESO run | skipped / visited prompts | audited | false skips (mixed when audited) | "
-                      "p_easy, p_hard at the end |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+            lines += [
+                "",
+                "| GRESO run | skipped / visited prompts | audited | false skips (mixed when audited) | "
+                "p_easy, p_hard at the end |",
+                "| --- | --- | --- | --- | --- |",
+            ]
             for r in greso:
                 g = r["greso"]
                 visited = g.get("greso/skipped_cum", 0) + g.get("greso/kept_cum", 0)
-                lines.append(f"| {r['method']} seed {r['seed']} | {g.get('greso/skipped_cum', 0):.0f} / {visited:.0f} | "
-                             f"{g.get('greso/audited_cum', 0):.0f} | {g.get('greso/false_skips_cum', 0):.0f} | "
-                             f"{g.get('greso/p_easy', float('nan')):.2f}, {g.get('greso/p_hard', float('nan')):.2f} |")  # fmt: skip
+                lines.append(
+                    f"| {r['method']} seed {r['seed']} | {g.get('greso/skipped_cum', 0):.0f} / {visited:.0f} | "
+                    f"{g.get('greso/audited_cum', 0):.0f} | {g.get('greso/false_skips_cum', 0):.0f} | "
+                    f"{g.get('greso/p_easy', float('nan')):.2f}, {g.get('greso/p_hard', float('nan')):.2f} |"
+                )
         lines += tables.precision_lines(results)
-        lines.append(f"\nCPU: {cpu_line(results)}. Runs resumed after a kill (wall time not comparable): "
-                     f"{sum(r.get('resumed', False) for r in results)}.")  # fmt: skip
+        lines.append(
+            f"\nCPU: {cpu_line(results)}. Runs resumed after a kill (wall time not comparable): "
+            f"{sum(r.get('resumed', False) for r in results)}."
+        )
         table = "\n".join(lines) + "\n"
         (out / "results.md").write_text(table, encoding="utf-8")
         # per-problem records travel with the repository: the paired statistics need them, and the run
@@ -441,10 +516,21 @@ class RemediesStudy:
         runs = [
             {**r, "per_problem": pack_per_problem(r["per_problem"], n)} if "per_problem" in r else r for r in results
         ]
-        before_eval = {d: json.loads((out / d / "summary.json").read_text())
-                       for d in ("eval_before", "eval_before_extra") if (out / d / "summary.json").exists()}  # fmt: skip
-        cells.write_json(out / "results.json", {"budget_tokens": budget, "before_pass1": before,
-                                                "before_eval": before_eval, "summary": summary, "runs": runs})  # fmt: skip
+        before_eval = {
+            d: json.loads((out / d / "summary.json").read_text())
+            for d in ("eval_before", "eval_before_extra")
+            if (out / d / "summary.json").exists()
+        }
+        cells.write_json(
+            out / "results.json",
+            {
+                "budget_tokens": budget,
+                "before_pass1": before,
+                "before_eval": before_eval,
+                "summary": summary,
+                "runs": runs,
+            },
+        )
         cells.write_json(out / "per_seed.json", self.per_seed_summary(results, summary, first_pass, budget, before))
         self.write_acr_relation(results, first_pass, out)
         self.plot(results, before, out / "remedies.png")
@@ -456,15 +542,25 @@ class RemediesStudy:
         and the related studies' runs (``acr.relation``)."""
         order = list(self.methods)
         both = sorted([*(first_pass or {}).get("runs", []), *results], key=lambda r: order.index(r["method"]))
-        first_set = [{**r, "heldout_pass1_first": r.get("heldout_pass1_first", r["heldout_pass1"])} for r in both
-                     if "heldout_pass1_first" in r or r.get("heldout_problems", self.heldout) == self.heldout]  # fmt: skip
+        first_set = [
+            {**r, "heldout_pass1_first": r.get("heldout_pass1_first", r["heldout_pass1"])}
+            for r in both
+            if "heldout_pass1_first" in r or r.get("heldout_problems", self.heldout) == self.heldout
+        ]
         full = self.heldout + self.heldout_extra
         samples = [
-            acr.Sample(f"remedies, both passes, accuracy on the first {self.heldout} held-out problems (the set both "
-                       "evaluated)", first_set, "heldout_pass1_first"),
-            acr.Sample(f"remedies, second pass, accuracy on all {full:,} held-out problems",
-                       [r for r in both if r.get("heldout_problems", self.heldout) >= full], "heldout_pass1"),
-        ]  # fmt: skip
+            acr.Sample(
+                f"remedies, both passes, accuracy on the first {self.heldout} held-out problems (the set both "
+                "evaluated)",
+                first_set,
+                "heldout_pass1_first",
+            ),
+            acr.Sample(
+                f"remedies, second pass, accuracy on all {full:,} held-out problems",
+                [r for r in both if r.get("heldout_problems", self.heldout) >= full],
+                "heldout_pass1",
+            ),
+        ]
         for name, path in self.related:
             if path.exists():
                 samples.append(acr.Sample.from_published(name, json.loads(path.read_text())))
@@ -498,10 +594,22 @@ class RemediesStudy:
             pts = [np.array(_heldout_points(r, before)) for r in rs]
             _mean_band(axes[0], [q[:, 0] for q in pts], [q[:, 2] for q in pts], tok_grid, color, label, 100)
             wall_end = min(q[-1, 1] for q in pts) / 60  # the method's curve ends with its shortest run
-            _mean_band(axes[1], [q[:, 1] / 60 for q in pts], [q[:, 2] for q in pts], np.linspace(0, wall_end, 60),
-                       color, label, 100)  # fmt: skip
-            axes[1].scatter([statistics.mean(q[-1, 1] / 60 for q in pts)],
-                            [statistics.mean(100 * q[-1, 2] for q in pts)], color=color, s=25, zorder=3)  # fmt: skip
+            _mean_band(
+                axes[1],
+                [q[:, 1] / 60 for q in pts],
+                [q[:, 2] for q in pts],
+                np.linspace(0, wall_end, 60),
+                color,
+                label,
+                100,
+            )
+            axes[1].scatter(
+                [statistics.mean(q[-1, 1] / 60 for q in pts)],
+                [statistics.mean(100 * q[-1, 2] for q in pts)],
+                color=color,
+                s=25,
+                zorder=3,
+            )
             curves = [([c["tokens"] for c in r["curve"]], [c["reward"] for c in r["curve"]]) for r in rs]
             _mean_band(axes[2], *zip(*curves), tok_grid, color, label)
             acr_curves = [([c["tokens"] for c in r["curve"]], [c["acr_effective"] for c in r["curve"]]) for r in rs]
@@ -509,10 +617,16 @@ class RemediesStudy:
             ys = [100 * r["heldout_pass1"] for r in rs]
             axes[4].bar(i, statistics.mean(ys), color=color, alpha=0.6)
             axes[4].scatter([i] * len(ys), ys, color="k", s=10, zorder=3)
-        axes[0].set(xlabel="generated tokens", ylabel="held-out pass@1 (%)",
-                    title="held-out vs generated tokens (mean ± sd over seeds)\nmiddle points: 60-problem subset, n=2")  # fmt: skip
-        axes[1].set(xlabel="wall time since the first generation (min)", ylabel="held-out pass@1 (%)",
-                    title="held-out vs wall time\n(dot: mean end of the method's runs)")  # fmt: skip
+        axes[0].set(
+            xlabel="generated tokens",
+            ylabel="held-out pass@1 (%)",
+            title="held-out vs generated tokens (mean ± sd over seeds)\nmiddle points: 60-problem subset, n=2",
+        )
+        axes[1].set(
+            xlabel="wall time since the first generation (min)",
+            ylabel="held-out pass@1 (%)",
+            title="held-out vs wall time\n(dot: mean end of the method's runs)",
+        )
         axes[2].set(xlabel="generated tokens", ylabel="mean training reward", title="training reward (trained batches)")
         axes[3].set(xlabel="generated tokens", ylabel="effective ACR", title="effective ACR (trained batches)")
         axes[4].set_xticks(range(len(methods)), methods, rotation=30)
@@ -522,8 +636,9 @@ class RemediesStudy:
         for ax in (axes[0], axes[2], axes[3]):  # "16000" beside "14000" ran together at this width
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
         legend_ax.axis("off")
-        legend_ax.legend(*axes[0].get_legend_handles_labels(), loc="center", title="method (seeds)", fontsize=11,
-                         title_fontsize=11)  # fmt: skip
+        legend_ax.legend(
+            *axes[0].get_legend_handles_labels(), loc="center", title="method (seeds)", fontsize=11, title_fontsize=11
+        )
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=100)
@@ -532,13 +647,21 @@ class RemediesStudy:
     # ── the command ──
 
     def main(self, argv: list[str] | None = None) -> int:
-        p = cells.study_parser(__doc__.split("\n\n")[0], "runs/remedies", list(self.methods), [0, 1, 2, 3, 4],
-                               "the repository's results folder: results.md/json, the plot and the ACR relation are "
-                               "written there after every finished run, and the runs it holds are not run again (a "
-                               "study resumes from it when the run folder is gone)")  # fmt: skip
+        p = cells.study_parser(
+            __doc__.split("\n\n")[0],
+            "runs/remedies",
+            list(self.methods),
+            [0, 1, 2, 3, 4],
+            "the repository's results folder: results.md/json, the plot and the ACR relation are "
+            "written there after every finished run, and the runs it holds are not run again (a "
+            "study resumes from it when the run folder is gone)",
+        )
         p.add_argument("--budget", type=int, default=self.token_budget, help="generated tokens per run")
-        p.add_argument("--per-seed-json", help="also write both passes' numbers per method and seed, with the "
-                       "paired comparisons, to this file (no per-problem records: small enough to read)")  # fmt: skip
+        p.add_argument(
+            "--per-seed-json",
+            help="also write both passes' numbers per method and seed, with the "
+            "paired comparisons, to this file (no per-problem records: small enough to read)",
+        )
         args = p.parse_args(argv)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

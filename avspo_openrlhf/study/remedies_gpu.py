@@ -123,15 +123,28 @@ def probability_of_improvement(x, y, seed: int = 0, n_boot: int = 2000) -> dict 
         return None
 
     def poi(a, b):
-        return float(np.mean([0.5 if np.array_equal(a[:, j], b[:, j]) else
-                              mannwhitneyu(a[:, j], b[:, j], alternative="greater").statistic / (len(a) * len(b))
-                              for j in range(a.shape[1])]))  # fmt: skip
+        return float(
+            np.mean(
+                [
+                    0.5
+                    if np.array_equal(a[:, j], b[:, j])
+                    else mannwhitneyu(a[:, j], b[:, j], alternative="greater").statistic / (len(a) * len(b))
+                    for j in range(a.shape[1])
+                ]
+            )
+        )
 
     est = poi(x, y)
     # resample run indices; the statistic reads each arm's rows at them (vectorized=False: one per resample)
-    res = bootstrap((np.arange(len(x)), np.arange(len(y))), lambda i, j: poi(x[i.astype(int)], y[j.astype(int)]),
-                    vectorized=False, paired=False, n_resamples=n_boot, method="percentile",
-                    rng=np.random.default_rng(seed))  # fmt: skip
+    res = bootstrap(
+        (np.arange(len(x)), np.arange(len(y))),
+        lambda i, j: poi(x[i.astype(int)], y[j.astype(int)]),
+        vectorized=False,
+        paired=False,
+        n_resamples=n_boot,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     return {"poi": est, "ci95": [float(res.confidence_interval.low), float(res.confidence_interval.high)]}
 
 
@@ -181,8 +194,16 @@ def paired_t(results: list[dict], method: str, base: str, keep=None) -> dict | N
     mean, sd, lo, hi = stats.t_interval(per_seed)
     acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
     r = stats.pearson([acc[method, s] for s in d], [acc[base, s] for s in d]) if keep is None else {"r": None}
-    return {"seeds": len(per_seed), "diff": mean, "sd": sd, "ci95": [lo, hi], "halfwidth": (hi - lo) / 2,
-            "p_sign_flip": stats.sign_flip_p(per_seed), "seed_list": list(d), "correlation": r["r"]}  # fmt: skip
+    return {
+        "seeds": len(per_seed),
+        "diff": mean,
+        "sd": sd,
+        "ci95": [lo, hi],
+        "halfwidth": (hi - lo) / 2,
+        "p_sign_flip": stats.sign_flip_p(per_seed),
+        "seed_list": list(d),
+        "correlation": r["r"],
+    }
 
 
 def tokens_to_target(r: dict, target: float) -> float:
@@ -196,17 +217,21 @@ def check_pairable(results: list[dict]) -> dict | None:
     of runs differ (runs without a record come from before the corrected design and are refused)."""
     old = [f"{r['method']} seed {r['seed']}" for r in results if "settings_hash" not in r]
     if old:
-        raise StudyError(f"{len(old)} runs carry no settings record (made before the corrected design; not "
-                         f"comparable): {', '.join(old[:5])}{' ...' if len(old) > 5 else ''}")  # fmt: skip
+        raise StudyError(
+            f"{len(old)} runs carry no settings record (made before the corrected design; not "
+            f"comparable): {', '.join(old[:5])}{' ...' if len(old) > 5 else ''}"
+        )
     groups: dict[str, list[dict]] = {}
     for r in results:
         groups.setdefault(r["settings_hash"], []).append(r)
     if len(groups) > 1:
         (h1, g1), (h2, g2) = sorted(groups.items(), key=lambda kv: -len(kv[1]))[:2]
         diff = settings_difference(g1[0]["settings"], g2[0]["settings"])
-        raise StudyError(f"runs of different settings cannot be paired: {len(g1)} runs of {h1} (e.g. {g1[0]['method']} "
-                         f"seed {g1[0]['seed']}) and {len(g2)} of {h2} (e.g. {g2[0]['method']} seed {g2[0]['seed']}) "
-                         f"differ in {'; '.join(diff) or 'their hash only'}. Publish each into its own folder.")  # fmt: skip
+        raise StudyError(
+            f"runs of different settings cannot be paired: {len(g1)} runs of {h1} (e.g. {g1[0]['method']} "
+            f"seed {g1[0]['seed']}) and {len(g2)} of {h2} (e.g. {g2[0]['method']} seed {g2[0]['seed']}) "
+            f"differ in {'; '.join(diff) or 'their hash only'}. Publish each into its own folder."
+        )
     return results[0]["settings"] if results else None
 
 
@@ -274,8 +299,11 @@ class GPURemediesStudy:
             return rows
 
         paths = []
-        for name, rows in (("train", train), ("heldout", interleave(heldout, "heldout")),
-                           ("validation", interleave(validation, "validation"))):  # fmt: skip
+        for name, rows in (
+            ("train", train),
+            ("heldout", interleave(heldout, "heldout")),
+            ("validation", interleave(validation, "validation")),
+        ):
             path = out / f"{name}.jsonl"
             write_jsonl(rows, str(path) + ".tmp")
             Path(str(path) + ".tmp").replace(path)  # a study beside a --report-only reads whole files
@@ -300,10 +328,26 @@ class GPURemediesStudy:
         c = self.lr_check
         return {f"{a}@lr={lr:g}": replace(self.arms[a], lr=lr) for a in c.get("arms", ()) for lr in c.get("lrs", ())}
 
-    def spec(self, arm: str, seed: int, model: str, data: tuple[str, ...], settings: Settings | None = None,
-             arms: dict[str, Arm] | None = None, heldout: str | None = None) -> RunSpec:  # fmt: skip
-        return RunSpec(method=arm, seed=seed, arm=(arms or self.arms)[arm], settings=settings or self.settings,
-                       model=model, train=data[0], heldout=heldout or data[1], plugins=self.plugins)  # fmt: skip
+    def spec(
+        self,
+        arm: str,
+        seed: int,
+        model: str,
+        data: tuple[str, ...],
+        settings: Settings | None = None,
+        arms: dict[str, Arm] | None = None,
+        heldout: str | None = None,
+    ) -> RunSpec:
+        return RunSpec(
+            method=arm,
+            seed=seed,
+            arm=(arms or self.arms)[arm],
+            settings=settings or self.settings,
+            model=model,
+            train=data[0],
+            heldout=heldout or data[1],
+            plugins=self.plugins,
+        )
 
     # ── results ──
 
@@ -349,27 +393,34 @@ class GPURemediesStudy:
             paired = [r for r in rs if r["seed"] in base_seeds]
             ttt = [tokens_to_target(r, self.target) for r in rs]
             x = [[r["heldout_by_level"].get(lv, math.nan) for lv in self.levels] for r in paired]
-            y = [[r["heldout_by_level"].get(lv, math.nan) for lv in self.levels]
-                 for r in sorted(results, key=lambda r: r["seed"]) if r["method"] == self.base]  # fmt: skip
+            y = [
+                [r["heldout_by_level"].get(lv, math.nan) for lv in self.levels]
+                for r in sorted(results, key=lambda r: r["seed"])
+                if r["method"] == self.base
+            ]
             out[arm] = {
-                "seeds": len(rs), "seeds_planned": self.seeds.get(arm, 0),
+                "seeds": len(rs),
+                "seeds_planned": self.seeds.get(arm, 0),
                 "heldout_pass1": [r["heldout_pass1"] for r in rs],
                 "heldout_pass1_paired": [r["heldout_pass1"] for r in paired],
                 "vs_" + self.base: paired_t(results, arm, self.base),
                 "vs_" + self.second_base: paired_t(results, arm, self.second_base),
-                "by_level_vs_" + self.base: {lv: paired_t(results, arm, self.base, lambda k, lv=lv: level_of(k) == lv)
-                                             for lv in self.levels},
+                "by_level_vs_" + self.base: {
+                    lv: paired_t(results, arm, self.base, lambda k, lv=lv: level_of(k) == lv) for lv in self.levels
+                },
                 "poi_vs_" + self.base: probability_of_improvement(x, y) if arm != self.base else None,
-                "steps": [r["steps"] for r in rs], "generated_tokens": [r["generated_tokens"] for r in rs],
+                "steps": [r["steps"] for r in rs],
+                "generated_tokens": [r["generated_tokens"] for r in rs],
                 "tokens_to_target": {"reached": sum(math.isfinite(t) for t in ttt), "median": statistics.median(ttt)},
                 "signal_groups_per_mtok": [r["signal_groups_per_mtok"] for r in rs],
-                "acr_generated": [r["acr_generated"] for r in rs], "acr_effective": [r["acr_effective"] for r in rs],
+                "acr_generated": [r["acr_generated"] for r in rs],
+                "acr_effective": [r["acr_effective"] for r in rs],
                 "truncation_rate": [r["truncation_rate"] for r in rs],
                 "completion_tokens_mean": [r["completion_tokens_mean"] for r in rs],
                 "train_min": [r["train_s"] / 60 for r in rs],
                 "flagged_seeds": [r["seed"] for r in rs if r["flagged"]],
                 "skipped_step_seeds": {r["seed"]: len(r["nonfinite_steps"]) for r in rs if r["nonfinite_steps"]},
-            }  # fmt: skip
+            }
         return out
 
     def decide(self, summary: dict) -> dict:
@@ -405,42 +456,59 @@ class GPURemediesStudy:
                 continue
             n = self.seeds.get(arm, 0)
             mde, p3, p5 = detectable_effect(c["sd"], n), power_at(0.03, c["sd"], n), power_at(0.05, c["sd"], n)
-            rows.append(f"| {arm} | {c['seeds']} | {100 * c['sd']:.1f} | {100 * c['halfwidth']:.1f} | "
-                        f"{seeds_for_halfwidth(c['sd'], 0.03) or '> 1000'} | {n} | "
-                        f"{'-' if mde is None else f'{100 * mde:.1f}'} | {'-' if p3 is None else f'{100 * p3:.0f} %'} | "
-                        f"{'-' if p5 is None else f'{100 * p5:.0f} %'} |")  # fmt: skip
+            rows.append(
+                f"| {arm} | {c['seeds']} | {100 * c['sd']:.1f} | {100 * c['halfwidth']:.1f} | "
+                f"{seeds_for_halfwidth(c['sd'], 0.03) or '> 1000'} | {n} | "
+                f"{'-' if mde is None else f'{100 * mde:.1f}'} | {'-' if p3 is None else f'{100 * p3:.0f} %'} | "
+                f"{'-' if p5 is None else f'{100 * p5:.0f} %'} |"
+            )
         if not rows:
             return []
-        return ["", f"Power, from the measured sd of the per-seed paired differences against {self.base} (points): "
-                f"the 95 % half-width now, the seeds a half-width of 3 points needs, and at the planned seeds the "
-                f"minimum detectable effect (two-sided paired t, alpha {ALPHA}, {100 * POWER:.0f} % power) and the "
-                f"power to detect a true difference of 3 and of 5 points:", "",
-                "| arm | seeds | sd | half-width now | seeds for ≤ 3 | seeds planned | detectable effect | "
-                "power at 3 | power at 5 |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |", *rows]  # fmt: skip
+        return [
+            "",
+            f"Power, from the measured sd of the per-seed paired differences against {self.base} (points): "
+            f"the 95 % half-width now, the seeds a half-width of 3 points needs, and at the planned seeds the "
+            f"minimum detectable effect (two-sided paired t, alpha {ALPHA}, {100 * POWER:.0f} % power) and the "
+            f"power to detect a true difference of 3 and of 5 points:",
+            "",
+            "| arm | seeds | sd | half-width now | seeds for ≤ 3 | seeds planned | detectable effect | "
+            "power at 3 | power at 5 |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            *rows,
+        ]
 
     def header(self, results: list[dict], record: dict | None) -> str:
         """What the runs ran, read from their own records (not from this configuration)."""
         devices = tables.cpu_line([{"cpu": r["device"]} for r in results])
         if record is None:
             s = self.settings
-            return (f"No run has finished yet. The configuration: G={s.group_size}, {s.prompts_per_step} prompts/step, "
-                    f"T={s.temperature}, lr {s.lr:g}, {s.token_budget:,} generated tokens a run.")  # fmt: skip
+            return (
+                f"No run has finished yet. The configuration: G={s.group_size}, {s.prompts_per_step} prompts/step, "
+                f"T={s.temperature}, lr {s.lr:g}, {s.token_budget:,} generated tokens a run."
+            )
         s = record["settings"]
         commits = sorted({r.get("commit", "unknown")[:10] for r in results})
-        return (f"Model {record['model']} (content hash), training pool {record['train']}, held-out set "
-                f"{record['heldout']} (distinct problems, none a training prompt; each level weighs the same); "
-                f"G={s['group_size']}, {s['prompts_per_step']} prompts/step, T={s['temperature']} (log-probs at the "
-                f"same T), {s['max_new_tokens']} new tokens, lr {s['lr']:g}, one AdamW step per batch; every run "
-                f"stops at the step where its generated tokens reach {s['token_budget']:,}. Held-out: n={s['eval_n']} "
-                f"at T={s['eval_temperature']}; mid-run evaluations every {s['mid_eval_tokens']:,} generated tokens "
-                f"on the first {s['mid_eval_problems']} held-out problems (n=2). Compute precision "
-                f"{record['precision']}; loop and remedies code {record['code']}; commits {', '.join(commits)}. "
-                f"Settings hash {results[0]['settings_hash']}. Device: {devices}. {tables.SD_NOTE}. Differences are "
-                f"paired (same seed, same problems, common random numbers): mean [95 % t interval over seeds], "
-                f"p = exact sign-flip over seeds (seeds).")  # fmt: skip
+        return (
+            f"Model {record['model']} (content hash), training pool {record['train']}, held-out set "
+            f"{record['heldout']} (distinct problems, none a training prompt; each level weighs the same); "
+            f"G={s['group_size']}, {s['prompts_per_step']} prompts/step, T={s['temperature']} (log-probs at the "
+            f"same T), {s['max_new_tokens']} new tokens, lr {s['lr']:g}, one AdamW step per batch; every run "
+            f"stops at the step where its generated tokens reach {s['token_budget']:,}. Held-out: n={s['eval_n']} "
+            f"at T={s['eval_temperature']}; mid-run evaluations every {s['mid_eval_tokens']:,} generated tokens "
+            f"on the first {s['mid_eval_problems']} held-out problems (n=2). Compute precision "
+            f"{record['precision']}; loop and remedies code {record['code']}; commits {', '.join(commits)}. "
+            f"Settings hash {results[0]['settings_hash']}. Device: {devices}. {tables.SD_NOTE}. Differences are "
+            f"paired (same seed, same problems, common random numbers): mean [95 % t interval over seeds], "
+            f"p = exact sign-flip over seeds (seeds)."
+        )
 
-    def report(self, results: list[dict], out: Path, failed: dict[str, list[int]] | None = None,
-               lr_results: list[dict] | None = None) -> str:  # fmt: skip
+    def report(
+        self,
+        results: list[dict],
+        out: Path,
+        failed: dict[str, list[int]] | None = None,
+        lr_results: list[dict] | None = None,
+    ) -> str:
         """``results.md``, ``results.json`` (the summary, no per-problem records) and the plot in ``out``."""
         record = check_pairable(results)
         summary = self.summary(results)
@@ -448,19 +516,30 @@ class GPURemediesStudy:
         failed = failed or {}
         lines = [self.header(results, record), ""]
         if not decision["complete"]:
-            lines += ["**Incomplete: no verdict yet.** Primary runs missing: "
-                      + ", ".join(f"{a} {m} of {self.seeds.get(a, 0)}" for a, m in decision["missing"].items())
-                      + ". Every number below is provisional.", ""]  # fmt: skip
-        others = ", ".join(f"{a} {max(0, n - summary.get(a, {}).get('seeds', 0))} of {n}"
-                           for a, n in self.seeds.items() if a not in self.primary)  # fmt: skip
+            lines += [
+                "**Incomplete: no verdict yet.** Primary runs missing: "
+                + ", ".join(f"{a} {m} of {self.seeds.get(a, 0)}" for a, m in decision["missing"].items())
+                + ". Every number below is provisional.",
+                "",
+            ]
+        others = ", ".join(
+            f"{a} {max(0, n - summary.get(a, {}).get('seeds', 0))} of {n}"
+            for a, n in self.seeds.items()
+            if a not in self.primary
+        )
         lines.append(f"Other runs missing: {others or 'none'}.")
         if not results:
             return self._write(out, "\n".join(lines) + "\n", summary, decision, results)
         b = self.base
-        lines += ["", f"The primary comparisons, each remedy against {b} (Holm over the {len(self.family)} of them, "
-                  "fixed before the runs; a comparison without runs counts as p = 1):", "",
-                  f"| arm | seeds (planned) | held-out pass@1 (%) | vs {b} (points) | Holm p | P(better than {b}) "
-                  f"[95 %] | between-arm r | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"The primary comparisons, each remedy against {b} (Holm over the {len(self.family)} of them, "
+            "fixed before the runs; a comparison without runs counts as p = 1):",
+            "",
+            f"| arm | seeds (planned) | held-out pass@1 (%) | vs {b} (points) | Holm p | P(better than {b}) "
+            f"[95 %] | between-arm r | verdict |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for arm in self.primary:
             a = summary.get(arm)
             if a is None:
@@ -469,57 +548,94 @@ class GPURemediesStudy:
             c, poi = a["vs_" + b], a["poi_vs_" + b]
             poi_s = "-" if poi is None else f"{poi['poi']:.2f} [{poi['ci95'][0]:.2f}, {poi['ci95'][1]:.2f}]"
             r = "-" if c is None or c["correlation"] is None else f"{c['correlation']:+.2f}"
-            lines.append(f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1_paired'], 100)} | "
-                         f"{fmt_t(c)} | {fmt_p(decision['holm'].get(arm)) if arm != b else '-'} | {poi_s} | {r} | "
-                         f"{decision['verdicts'].get(arm, '-')} |")  # fmt: skip
-        lines += ["", f"Exploratory (no adjustment, no verdict): the other arms against {b}, and every arm against "
-                  f"{self.second_base}:", "", f"| arm | seeds (planned) | held-out pass@1 (%) | vs {b} (points) | "
-                  f"vs {self.second_base} (points) |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+            lines.append(
+                f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1_paired'], 100)} | "
+                f"{fmt_t(c)} | {fmt_p(decision['holm'].get(arm)) if arm != b else '-'} | {poi_s} | {r} | "
+                f"{decision['verdicts'].get(arm, '-')} |"
+            )
+        lines += [
+            "",
+            f"Exploratory (no adjustment, no verdict): the other arms against {b}, and every arm against "
+            f"{self.second_base}:",
+            "",
+            f"| arm | seeds (planned) | held-out pass@1 (%) | vs {b} (points) | vs {self.second_base} (points) |",
+            "| --- | --- | --- | --- | --- |",
+        ]
         for arm, a in summary.items():
-            lines.append(f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1'], 100)} | "
-                         f"{fmt_t(a['vs_' + b]) if arm not in self.primary else 'above'} | "
-                         f"{fmt_t(a['vs_' + self.second_base])} |")  # fmt: skip
+            lines.append(
+                f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1'], 100)} | "
+                f"{fmt_t(a['vs_' + b]) if arm not in self.primary else 'above'} | "
+                f"{fmt_t(a['vs_' + self.second_base])} |"
+            )
         budget = record["settings"]["token_budget"]
-        lines += ["", f"What each arm spent and trained on. Tokens to reach {100 * self.target:.0f} % on the mid-run "
-                  f"held-out subset: the median over every seed, a seed that never reached it counting as beyond the "
-                  f"budget (reached/seeds). Collapse over every generated group (DAPO-DS's and GRESO's dropped ones "
-                  f"too); groups with a non-zero advantage (token advantages count) per million generated tokens:", "",
-                  "| arm | steps | generated tokens | tokens to target | non-zero-advantage groups per M tokens | "
-                  "ACR, generated groups | effective ACR | truncated (%) | completion tokens | train (min) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += [
+            "",
+            f"What each arm spent and trained on. Tokens to reach {100 * self.target:.0f} % on the mid-run "
+            f"held-out subset: the median over every seed, a seed that never reached it counting as beyond the "
+            f"budget (reached/seeds). Collapse over every generated group (DAPO-DS's and GRESO's dropped ones "
+            f"too); groups with a non-zero advantage (token advantages count) per million generated tokens:",
+            "",
+            "| arm | steps | generated tokens | tokens to target | non-zero-advantage groups per M tokens | "
+            "ACR, generated groups | effective ACR | truncated (%) | completion tokens | train (min) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for arm, a in summary.items():
             t = a["tokens_to_target"]
             med = f"{t['median']:,.0f}" if math.isfinite(t["median"]) else f"> {budget:,}"
-            lines.append(f"| {arm} | {tables.mean_sd(a['steps'], 1, '{:.1f}')} | "
-                         f"{tables.mean_sd(a['generated_tokens'], 1, '{:,.0f}')} | {med} ({t['reached']}/{a['seeds']}) | "
-                         f"{tables.mean_sd(a['signal_groups_per_mtok'], 1, '{:,.0f}')} | "
-                         f"{tables.mean_sd(a['acr_generated'], 1, '{:.2f}')} | {tables.mean_sd(a['acr_effective'], 1, '{:.2f}')} | "
-                         f"{tables.mean_sd(a['truncation_rate'], 100)} | {tables.mean_sd(a['completion_tokens_mean'], 1)} | "
-                         f"{tables.mean_sd(a['train_min'], 1, '{:.1f}')} |")  # fmt: skip
-        level_rows = [f"| {arm} | " + " | ".join(fmt_t(a['by_level_vs_' + b][lv]) for lv in self.levels) + " |"
-                      for arm, a in summary.items() if any(a["by_level_vs_" + b].values())]  # fmt: skip
+            lines.append(
+                f"| {arm} | {tables.mean_sd(a['steps'], 1, '{:.1f}')} | "
+                f"{tables.mean_sd(a['generated_tokens'], 1, '{:,.0f}')} | {med} ({t['reached']}/{a['seeds']}) | "
+                f"{tables.mean_sd(a['signal_groups_per_mtok'], 1, '{:,.0f}')} | "
+                f"{tables.mean_sd(a['acr_generated'], 1, '{:.2f}')} | {tables.mean_sd(a['acr_effective'], 1, '{:.2f}')} | "
+                f"{tables.mean_sd(a['truncation_rate'], 100)} | {tables.mean_sd(a['completion_tokens_mean'], 1)} | "
+                f"{tables.mean_sd(a['train_min'], 1, '{:.1f}')} |"
+            )
+        level_rows = [
+            f"| {arm} | " + " | ".join(fmt_t(a["by_level_vs_" + b][lv]) for lv in self.levels) + " |"
+            for arm, a in summary.items()
+            if any(a["by_level_vs_" + b].values())
+        ]
         if level_rows:
-            lines += ["", f"Per level against {b}, exploratory (points; mean [95 % t interval over seeds], p = exact "
-                      "sign-flip (seeds)):", "", "| arm | " + " | ".join(self.levels) + " |",
-                      "| --- |" + " --- |" * len(self.levels), *level_rows]  # fmt: skip
+            lines += [
+                "",
+                f"Per level against {b}, exploratory (points; mean [95 % t interval over seeds], p = exact "
+                "sign-flip (seeds)):",
+                "",
+                "| arm | " + " | ".join(self.levels) + " |",
+                "| --- |" + " --- |" * len(self.levels),
+                *level_rows,
+            ]
         lines += self.power_lines(summary)
-        lines += ["", "Seeds that lost steps or failed, per arm (never dropped: a run with more than "
-                  "1 % of its steps skipped for a non-finite gradient is flagged; a failed run resumes when started again):", ""]  # fmt: skip
+        lines += [
+            "",
+            "Seeds that lost steps or failed, per arm (never dropped: a run with more than "
+            "1 % of its steps skipped for a non-finite gradient is flagged; a failed run resumes when started again):",
+            "",
+        ]
         health = []
         for arm, a in summary.items():
             if a["skipped_step_seeds"] or a["flagged_seeds"] or failed.get(arm):
-                health.append(f"- {arm}: steps skipped {a['skipped_step_seeds'] or 'none'}; flagged seeds "
-                              f"{a['flagged_seeds'] or 'none'}; failed seeds {failed.get(arm) or 'none'}")  # fmt: skip
+                health.append(
+                    f"- {arm}: steps skipped {a['skipped_step_seeds'] or 'none'}; flagged seeds "
+                    f"{a['flagged_seeds'] or 'none'}; failed seeds {failed.get(arm) or 'none'}"
+                )
         lines += health or ["- none: every run finished with every step updated."]
         if lr_results:
             lines += ["", *self.lr_lines(lr_results)]
         seeds = sorted({r["seed"] for r in results})
         arms = list(summary)
         acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
-        lines += ["", "Held-out pass@1 per seed (%):", "", "| seed | " + " | ".join(arms) + " |",
-                  "| --- |" + " --- |" * len(arms)]  # fmt: skip
-        lines += [f"| {sd} | " + " | ".join(f"{100 * acc[a, sd]:.1f}" if (a, sd) in acc else "" for a in arms) + " |"
-                  for sd in seeds]  # fmt: skip
+        lines += [
+            "",
+            "Held-out pass@1 per seed (%):",
+            "",
+            "| seed | " + " | ".join(arms) + " |",
+            "| --- |" + " --- |" * len(arms),
+        ]
+        lines += [
+            f"| {sd} | " + " | ".join(f"{100 * acc[a, sd]:.1f}" if (a, sd) in acc else "" for a in arms) + " |"
+            for sd in seeds
+        ]
         lines.append(f"\nRuns resumed after a kill: {sum(bool(r.get('resumed')) for r in results)}.")
         text = "\n".join(lines) + "\n"
         self._write(out, text, summary, decision, results)
@@ -532,17 +648,24 @@ class GPURemediesStudy:
         for r in lr_results:
             by.setdefault(r["method"], []).append(r["heldout_pass1"])
         rows = [f"| {m} | {len(v)} | {tables.mean_sd(v, 100)} |" for m, v in sorted(by.items())]
-        return [f"Learning-rate check (validation problems, not the held-out set; the study keeps lr "
-                f"{self.settings.lr:g} for every arm, this says whether {', '.join(self.lr_check.get('arms', ()))} "
-                "would do better at another):", "", "| arm at lr | seeds | validation pass@1 (%) |",
-                "| --- | --- | --- |", *rows]  # fmt: skip
+        return [
+            f"Learning-rate check (validation problems, not the held-out set; the study keeps lr "
+            f"{self.settings.lr:g} for every arm, this says whether {', '.join(self.lr_check.get('arms', ()))} "
+            "would do better at another):",
+            "",
+            "| arm at lr | seeds | validation pass@1 (%) |",
+            "| --- | --- | --- |",
+            *rows,
+        ]
 
     def _write(self, out: Path, text: str, summary: dict, decision: dict, results: list[dict]) -> str:
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "results.md", text)
         budget = results[0]["settings"]["settings"]["token_budget"] if results else self.settings.token_budget
-        atomic_write(out / "results.json", json.dumps({"budget_tokens": budget, "decision": decision, "summary": summary},
-                                                      indent=1, default=str))  # fmt: skip
+        atomic_write(
+            out / "results.json",
+            json.dumps({"budget_tokens": budget, "decision": decision, "summary": summary}, indent=1, default=str),
+        )
         return text
 
     def plot(self, results: list[dict], path: Path) -> None:
@@ -565,8 +688,12 @@ class GPURemediesStudy:
         for i, arm in enumerate(arms):
             rs = [r for r in results if r["method"] == arm and r.get("mid_evals")]
             grid = sorted({e["milestone"] for r in rs for e in r["mid_evals"]})
-            ys = np.array([[next((100 * e["pass1"] for e in r["mid_evals"] if e["milestone"] == m), np.nan) for m in grid]
-                           for r in rs])  # fmt: skip
+            ys = np.array(
+                [
+                    [next((100 * e["pass1"] for e in r["mid_evals"] if e["milestone"] == m), np.nan) for m in grid]
+                    for r in rs
+                ]
+            )
             mean = np.nanmean(ys, 0)
             ax0.plot(grid, mean, color=f"C{i}", marker=".", label=f"{arm} ({len(rs)})")
             if len(rs) > 1:
@@ -575,8 +702,11 @@ class GPURemediesStudy:
             final = [100 * r["heldout_pass1"] for r in rs]
             ax1.bar(i, statistics.mean(final), color=f"C{i}", alpha=0.6)
             ax1.scatter([i] * len(final), final, color="k", s=8, zorder=3)
-        ax0.set(xlabel="generated tokens (evaluation milestones)", ylabel="held-out pass@1 (%), mid-run subset",
-                title="accuracy against generated tokens (mean ± sd over seeds)")  # fmt: skip
+        ax0.set(
+            xlabel="generated tokens (evaluation milestones)",
+            ylabel="held-out pass@1 (%), mid-run subset",
+            title="accuracy against generated tokens (mean ± sd over seeds)",
+        )
         ax0.legend(fontsize=8, title="arm (seeds)", title_fontsize=8)
         ax1.set_xticks(range(len(arms)), arms, rotation=35, ha="right", fontsize=8)
         ax1.set(ylabel="held-out pass@1 (%)", title="final held-out (dots: seeds)")
@@ -593,39 +723,84 @@ class GPURemediesStudy:
         p.add_argument(
             "--out", default="runs/remedies_gpu", help="run folder: one sub-folder per run (rerun to resume)"
         )
-        p.add_argument("--publish", help="folder that receives every finished run (runs/<arm>_seed<k>.json, with its "
-                       "per-problem records) and the report; runs found there are not run again")  # fmt: skip
-        p.add_argument("--arms", nargs="+", default=list(self.arms), choices=list(self.arms),
-                       help="arms to run (default: all; the primary ones start first)")  # fmt: skip
-        p.add_argument("--seeds", type=int, nargs="+", help="seeds to run for every chosen arm (default: each arm's "
-                       "planned seeds from the study's configuration)")  # fmt: skip
+        p.add_argument(
+            "--publish",
+            help="folder that receives every finished run (runs/<arm>_seed<k>.json, with its "
+            "per-problem records) and the report; runs found there are not run again",
+        )
+        p.add_argument(
+            "--arms",
+            nargs="+",
+            default=list(self.arms),
+            choices=list(self.arms),
+            help="arms to run (default: all; the primary ones start first)",
+        )
+        p.add_argument(
+            "--seeds",
+            type=int,
+            nargs="+",
+            help="seeds to run for every chosen arm (default: each arm's planned seeds from the study's configuration)",
+        )
         p.add_argument("--pilot", action="store_true", help="run the pilot's arms and seeds only")
-        p.add_argument("--lr-check", action="store_true", help="run the learning-rate check instead (its arms at "
-                       "each learning rate of its grid, scored on the validation problems; published under "
-                       "<publish>/lr_check)")  # fmt: skip
-        p.add_argument("--k", type=int, default=1, help="runs at once on this device (separate processes, or one "
-                       "stacked batch with --engine stacked)")  # fmt: skip
-        p.add_argument("--engine", choices=["process", "stacked"], default="stacked",
-                       help="stacked: K runs in one process, their weights stacked (study/engine.py; measured "
-                       "against the other in experiments/remedies_gpu/README.md); process: one process per run, its own transformers model. Runs "
-                       "of the two engines never pair (each samples with its own random numbers): a study keeps one")  # fmt: skip
+        p.add_argument(
+            "--lr-check",
+            action="store_true",
+            help="run the learning-rate check instead (its arms at "
+            "each learning rate of its grid, scored on the validation problems; published under "
+            "<publish>/lr_check)",
+        )
+        p.add_argument(
+            "--k",
+            type=int,
+            default=1,
+            help="runs at once on this device (separate processes, or one stacked batch with --engine stacked)",
+        )
+        p.add_argument(
+            "--engine",
+            choices=["process", "stacked"],
+            default="stacked",
+            help="stacked: K runs in one process, their weights stacked (study/engine.py; measured "
+            "against the other in experiments/remedies_gpu/README.md); process: one process per run, its own transformers model. Runs "
+            "of the two engines never pair (each samples with its own random numbers): a study keeps one",
+        )
         p.add_argument("--threads", type=int, help="CPU threads per run (default: the cores / K)")
-        p.add_argument("--start-runs-for", type=float, metavar="MIN", help="start no run after this many minutes "
-                       "(the runs in flight finish): fits a study into a job's time limit")  # fmt: skip
-        p.add_argument("--shard", default="0/1", metavar="I/N", help="run only every N-th run from the I-th (a Slurm "
-                       "array task: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")  # fmt: skip
+        p.add_argument(
+            "--start-runs-for",
+            type=float,
+            metavar="MIN",
+            help="start no run after this many minutes "
+            "(the runs in flight finish): fits a study into a job's time limit",
+        )
+        p.add_argument(
+            "--shard",
+            default="0/1",
+            metavar="I/N",
+            help="run only every N-th run from the I-th (a Slurm "
+            "array task: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)",
+        )
         p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
         p.add_argument("--train", help="a jsonl of training problems (problem, answer) instead of the study's pool")
         p.add_argument("--heldout", help="a jsonl of held-out problems instead of the study's set")
         p.add_argument("--reward", help="the task's verifier: arith | math | module:function (default: the study's)")
-        p.add_argument("--budget", type=int, help="generated tokens per run (default: the study's); runs of another "
-                       "budget never pair with these: publish them into another folder")  # fmt: skip
+        p.add_argument(
+            "--budget",
+            type=int,
+            help="generated tokens per run (default: the study's); runs of another "
+            "budget never pair with these: publish them into another folder",
+        )
         p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs only")
-        p.add_argument("--dry-run", action="store_true", help="list the runs this call would start and check their "
-                       "specs, model and data paths; train nothing")  # fmt: skip
-        p.add_argument("--throughput", metavar="K,K,...", help="measure aggregate generated tokens/s and runs/hour "
-                       "for each K (training-only runs of --throughput-budget tokens; K = 1 is always measured, the "
-                       "baseline) instead of running the study")  # fmt: skip
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="list the runs this call would start and check their specs, model and data paths; train nothing",
+        )
+        p.add_argument(
+            "--throughput",
+            metavar="K,K,...",
+            help="measure aggregate generated tokens/s and runs/hour "
+            "for each K (training-only runs of --throughput-budget tokens; K = 1 is always measured, the "
+            "baseline) instead of running the study",
+        )
         p.add_argument("--throughput-budget", type=int, default=8000, help="generated tokens per throughput run")
         return p
 
@@ -647,8 +822,11 @@ class GPURemediesStudy:
                 p.error("--lr-check: this study has no learning-rate check")
             out, published = out / "lr_check", (published / "lr_check" if published else None)
         try:
-            settings = replace(self.settings, engine=args.engine, **{k: v for k, v in (("token_budget", args.budget),
-                                                                   ("reward", args.reward)) if v is not None})  # fmt: skip
+            settings = replace(
+                self.settings,
+                engine=args.engine,
+                **{k: v for k, v in (("token_budget", args.budget), ("reward", args.reward)) if v is not None},
+            )
         except ValueError as e:
             p.error(str(e))
         for flag, path in (("--train", args.train), ("--heldout", args.heldout)):
@@ -699,8 +877,11 @@ class GPURemediesStudy:
             todo = [(a, s) for a, s in order[i::n] if (a, s) not in done]
             for a, s in todo:
                 self.spec(a, s, model, data, settings, arms, heldout)  # every spec builds: the arms' options are valid
-            print(f"[study] {len(todo)} runs to start (shard {i}/{n}, {len(done)} finished): "
-                  + ", ".join(f"{a} seed {s}" for a, s in todo), flush=True)  # fmt: skip
+            print(
+                f"[study] {len(todo)} runs to start (shard {i}/{n}, {len(done)} finished): "
+                + ", ".join(f"{a} seed {s}" for a, s in todo),
+                flush=True,
+            )
             return 0
         if model in ("smollm2", "tiny"):
             from avspo_openrlhf.cpu.models import prepare
@@ -716,8 +897,10 @@ class GPURemediesStudy:
             record = {**first.settings_record(), "precision": precision}
             if finished[0]["settings_hash"] != settings_hash(record):
                 diff = settings_difference(finished[0]["settings"], record)
-                raise StudyError(f"{published or out} holds runs of other settings ({'; '.join(diff) or 'hash'}); "
-                                 "publish these runs into another folder (--publish, --out)")  # fmt: skip
+                raise StudyError(
+                    f"{published or out} holds runs of other settings ({'; '.join(diff) or 'hash'}); "
+                    "publish these runs into another folder (--publish, --out)"
+                )
         done = {(r["method"], r["seed"]) for r in finished}
         # the shard is taken from the whole list, not from what is left: a task started again (a requeue)
         # keeps its runs, so no two tasks ever run the same one
@@ -759,15 +942,21 @@ class GPURemediesStudy:
 
         rows = measure_throughput(make_jobs, ks, settings.token_budget, engine=settings.engine)
         one = next(r for r in rows if r["k"] == 1)["tokens_per_s"]
-        lines = [f"Device: {rows[0]['device']}; precision {json.dumps(rows[0]['precision'])}; engine {settings.engine}; "
-                 f"each run GRPO on the "
-                 f"study's settings, {args.throughput_budget:,} generated tokens, no evaluation; × one run = aggregate "
-                 f"generated tokens/s over those of one run alone (K = 1); runs/hour = aggregate generated tokens/s "
-                 f"x 3600 / the study's budget ({settings.token_budget:,}), training only.", "",
-                 "| runs at once (K) | wall (s) | generated tokens/s | × one run | median step (s) | runs/hour |",
-                 "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-        lines += [f"| {r['k']} | {r['wall_s']:.0f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / one:.2f} | "
-                  f"{r['median_step_s']:.2f} | {r['runs_per_hour']:.1f} |" for r in rows]  # fmt: skip
+        lines = [
+            f"Device: {rows[0]['device']}; precision {json.dumps(rows[0]['precision'])}; engine {settings.engine}; "
+            f"each run GRPO on the "
+            f"study's settings, {args.throughput_budget:,} generated tokens, no evaluation; × one run = aggregate "
+            f"generated tokens/s over those of one run alone (K = 1); runs/hour = aggregate generated tokens/s "
+            f"x 3600 / the study's budget ({settings.token_budget:,}), training only.",
+            "",
+            "| runs at once (K) | wall (s) | generated tokens/s | × one run | median step (s) | runs/hour |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {r['k']} | {r['wall_s']:.0f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / one:.2f} | "
+            f"{r['median_step_s']:.2f} | {r['runs_per_hour']:.1f} |"
+            for r in rows
+        ]
         dest = published or out
         dest.mkdir(parents=True, exist_ok=True)
         atomic_write(dest / "throughput.md", "\n".join(lines) + "\n")

@@ -188,8 +188,13 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until) -> li
     return failed
 
 
-def measure_throughput(make_jobs: Callable[[int], list[Job]], ks: list[int], full_budget: int,
-                       log: Callable[[str], None] = print, engine: str = "process") -> list[dict]:  # fmt: skip
+def measure_throughput(
+    make_jobs: Callable[[int], list[Job]],
+    ks: list[int],
+    full_budget: int,
+    log: Callable[[str], None] = print,
+    engine: str = "process",
+) -> list[dict]:
     """For each K in ``ks``: K training-only runs at once (``make_jobs(K)``, fresh folders), the wall
     time from the first start to the last end and the generated tokens of all of them. A run of the
     study stops at a token budget, so aggregate tokens per second is the unit of throughput; runs per
@@ -206,8 +211,18 @@ def measure_throughput(make_jobs: Callable[[int], list[Job]], ks: list[int], ful
         tokens = sum(r["generated_tokens"] for r in res)
         steps = sum(r["steps"] for r in res)
         step_s = sorted(r["train_s"] / r["steps"] for r in res)
-        rows.append({"k": k, "wall_s": wall, "tokens": tokens, "steps": steps, "tokens_per_s": tokens / wall,
-                     "runs_per_hour": 3600 * tokens / wall / full_budget, "median_step_s": step_s[len(step_s) // 2],
-                     "device": res[0]["device"], "precision": res[0]["precision"]})  # fmt: skip
+        rows.append(
+            {
+                "k": k,
+                "wall_s": wall,
+                "tokens": tokens,
+                "steps": steps,
+                "tokens_per_s": tokens / wall,
+                "runs_per_hour": 3600 * tokens / wall / full_budget,
+                "median_step_s": step_s[len(step_s) // 2],
+                "device": res[0]["device"],
+                "precision": res[0]["precision"],
+            }
+        )
         log(f"[throughput] K={k}: {tokens / wall:.0f} generated tokens/s, {rows[-1]['runs_per_hour']:.1f} runs/hour")
     return rows

@@ -58,10 +58,19 @@ class StackedConfig:
             raise ValueError(
                 f"{config.num_attention_heads} heads are not a multiple of {config.num_key_value_heads} kv heads"
             )
-        return cls(vocab=config.vocab_size, hidden=config.hidden_size, layers=config.num_hidden_layers,
-                   heads=config.num_attention_heads, kv_heads=config.num_key_value_heads, head_dim=head_dim,
-                   intermediate=config.intermediate_size, eps=float(config.rms_norm_eps), rope_theta=float(theta),
-                   qkv_bias=bias, tied=bool(config.tie_word_embeddings))  # fmt: skip
+        return cls(
+            vocab=config.vocab_size,
+            hidden=config.hidden_size,
+            layers=config.num_hidden_layers,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            intermediate=config.intermediate_size,
+            eps=float(config.rms_norm_eps),
+            rope_theta=float(theta),
+            qkv_bias=bias,
+            tied=bool(config.tie_word_embeddings),
+        )
 
 
 def param_names(cfg: StackedConfig) -> list[str]:
@@ -69,9 +78,17 @@ def param_names(cfg: StackedConfig) -> list[str]:
     names = ["model.embed_tokens.weight"]
     for i in range(cfg.layers):
         p = f"model.layers.{i}."
-        names += [p + "input_layernorm.weight", p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
-                  p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight", p + "post_attention_layernorm.weight",
-                  p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"]  # fmt: skip
+        names += [
+            p + "input_layernorm.weight",
+            p + "self_attn.q_proj.weight",
+            p + "self_attn.k_proj.weight",
+            p + "self_attn.v_proj.weight",
+            p + "self_attn.o_proj.weight",
+            p + "post_attention_layernorm.weight",
+            p + "mlp.gate_proj.weight",
+            p + "mlp.up_proj.weight",
+            p + "mlp.down_proj.weight",
+        ]
         if cfg.qkv_bias:
             names += [p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"]
     names.append("model.norm.weight")
@@ -82,8 +99,9 @@ def param_names(cfg: StackedConfig) -> list[str]:
 
 def stack(state_dicts: list[dict[str, torch.Tensor]], cfg: StackedConfig, device=None) -> dict[str, torch.Tensor]:
     """``{name: [K, ...]}`` fp32 leaf tensors (the optimizer's master copy) from K runs' state dicts."""
-    return {n: torch.stack([sd[n].float() for sd in state_dicts]).to(device).requires_grad_(True)
-            for n in param_names(cfg)}  # fmt: skip
+    return {
+        n: torch.stack([sd[n].float() for sd in state_dicts]).to(device).requires_grad_(True) for n in param_names(cfg)
+    }
 
 
 def unstack(params: dict[str, torch.Tensor], k: int) -> dict[str, torch.Tensor]:
@@ -139,8 +157,15 @@ class KVCache:
         self.length = 0
 
 
-def forward(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Tensor, attn: torch.Tensor,
-            pos: torch.Tensor, keep: int | None = None, cache: KVCache | None = None) -> torch.Tensor:  # fmt: skip
+def forward(
+    params: dict[str, torch.Tensor],
+    cfg: StackedConfig,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    pos: torch.Tensor,
+    keep: int | None = None,
+    cache: KVCache | None = None,
+) -> torch.Tensor:
     """Logits ``[K, B, keep or L, V]`` (fp32) of ``ids`` ``[K, B, L]`` under each run's weights.
 
     ``attn`` ``[K, B, L]``: 1 for a real token, 0 for padding; ``pos`` its position ids. ``keep``: the
@@ -202,9 +227,18 @@ def forward(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Tens
 
 
 @torch.no_grad()
-def generate(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Tensor, attn: torch.Tensor,
-             uniforms: torch.Tensor, temperature: float, eos_ids: torch.Tensor, pad_id: int,
-             autocast_dtype: torch.dtype | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def generate(
+    params: dict[str, torch.Tensor],
+    cfg: StackedConfig,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    uniforms: torch.Tensor,
+    temperature: float,
+    eos_ids: torch.Tensor,
+    pad_id: int,
+    autocast_dtype: torch.dtype | None = None,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Sampled completions ``[K, B, T]`` of left-padded prompts ``ids``/``attn`` ``[K, B, Lp]``, T =
     ``uniforms.shape[-1]`` new tokens at most, with a static KV cache.
 
@@ -236,8 +270,9 @@ def generate(params: dict[str, torch.Tensor], cfg: StackedConfig, ids: torch.Ten
             return out[:, :, : t + 1]
         with ctx:
             # an ended sequence's pad is appended too (its outputs are never read): one shape for all
-            logits = forward(params, cfg, tok[..., None], torch.ones_like(tok)[..., None], next_pos[..., None], keep=1,
-                             cache=cache)[:, :, -1]  # fmt: skip
+            logits = forward(
+                params, cfg, tok[..., None], torch.ones_like(tok)[..., None], next_pos[..., None], keep=1, cache=cache
+            )[:, :, -1]
         next_pos = next_pos + 1
     return out
 
@@ -248,8 +283,14 @@ class StackedAdamW:
     gradient) without touching its weights or moments. Elementwise, so it equals K torch AdamW
     optimizers (``foreach`` off) up to rounding."""
 
-    def __init__(self, params: dict[str, torch.Tensor], lr: torch.Tensor, betas=(0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.0):  # fmt: skip
+    def __init__(
+        self,
+        params: dict[str, torch.Tensor],
+        lr: torch.Tensor,
+        betas=(0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ):
         self.params = params
         k = next(iter(params.values())).shape[0]
         self.lr = lr.to(torch.float64).reshape(k)
@@ -296,8 +337,11 @@ class StackedAdamW:
 
     def state_of(self, k: int) -> dict:
         """Run ``k``'s optimizer state (its moments by parameter name, its step count)."""
-        return {"step": float(self.step_count[k]), "m": {n: t[k].clone() for n, t in self.m.items()},
-                "v": {n: t[k].clone() for n, t in self.v.items()}}  # fmt: skip
+        return {
+            "step": float(self.step_count[k]),
+            "m": {n: t[k].clone() for n, t in self.m.items()},
+            "v": {n: t[k].clone() for n, t in self.v.items()},
+        }
 
     def load_state_of(self, k: int, state: dict) -> None:
         self.step_count[k] = state["step"]

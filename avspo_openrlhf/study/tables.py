@@ -33,8 +33,7 @@ def fmt_compare(c: dict | None) -> str:
     exact sign-flip (seeds)."""
     if c is None:
         return "-"
-    return (f"{fmt_interval((c['diff'], *c['ci95']))}, "
-            f"p={c['p_bootstrap']:.3f} / {c['p_sign_flip']:.3f} ({c['seeds']})")  # fmt: skip
+    return f"{fmt_interval((c['diff'], *c['ci95']))}, p={c['p_bootstrap']:.3f} / {c['p_sign_flip']:.3f} ({c['seeds']})"
 
 
 def cpu_line(results: list[dict]) -> str:

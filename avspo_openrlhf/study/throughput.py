@@ -74,7 +74,7 @@ MODES = {
         True,
         ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "clip"],
         PipelineConfig("async", 2),
-    ),  # fmt: skip
+    ),
     "async-q1-partial": (1, True, ["--train.partial_rollout_enable"], PipelineConfig("async", 1, partial_rollout=True)),
 }
 GPU_ONLY = {"async-q1-partial": "vLLM pause/resume for in-flight weight sync: GPU engines only"}
@@ -118,9 +118,21 @@ def host_busy(seconds: float = 5.0, stat: str = "/proc/stat") -> float:
 
 def _workload_args(a, seed: int, mode: str) -> SimpleNamespace:
     q, _, _, _ = MODES[mode]
-    return SimpleNamespace(group_size=a.group_size, prompts_per_step=a.prompts_per_step, max_new_tokens=a.max_new_tokens,
-                           temperature=1.0, lr=a.lr, seed=seed, save_steps=10**6, eval_steps=0, tau_init=0.25,
-                           grpo=False, sync=q is None, dtype=a.dtype, extra=[])  # fmt: skip
+    return SimpleNamespace(
+        group_size=a.group_size,
+        prompts_per_step=a.prompts_per_step,
+        max_new_tokens=a.max_new_tokens,
+        temperature=1.0,
+        lr=a.lr,
+        seed=seed,
+        save_steps=10**6,
+        eval_steps=0,
+        tau_init=0.25,
+        grpo=False,
+        sync=q is None,
+        dtype=a.dtype,
+        extra=[],
+    )
 
 
 def _model(a, root: Path) -> str:
@@ -145,8 +157,13 @@ def run_mode(a, model: str, mode: str, seed: int, root: Path) -> Path:
     q, split, flags, _ = MODES[mode]
     flags = [*flags, "--train.max_epochs", str(a.ppo_epochs)]
     train, _ = write_data(root / "data" / f"seed{seed}", a.steps, a.prompts_per_step, 0, seed)
-    cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train",
-           *train_flags(_workload_args(a, seed, mode), model, train, out), *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "avspo_openrlhf.cli.train",
+        *train_flags(_workload_args(a, seed, mode), model, train, out),
+        *flags,
+    ]
     cmd[cmd.index("--backend") + 1] = a.backend
     if q is not None:
         cmd += ["--train.async_queue_size", str(q)]
@@ -205,18 +222,27 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
     and the simulator's prediction (calibrated on that sync run) with its error."""
     rows = []
     # (c) the overlap terms from the sync run + the first PROBE_STEPS steps of async-q1, once per seed
-    probes = {seed: overlap_calibration(measured["sync"][seed]["_rows"], m["_rows"][:PROBE_STEPS])
-              for seed, m in measured.get("async-q1", {}).items() if seed in measured.get("sync", {})}  # fmt: skip
+    probes = {
+        seed: overlap_calibration(measured["sync"][seed]["_rows"], m["_rows"][:PROBE_STEPS])
+        for seed, m in measured.get("async-q1", {}).items()
+        if seed in measured.get("sync", {})
+    }
     for mode, seeds in measured.items():
         per = []
         for seed, m in seeds.items():
             base = measured.get("sync", {}).get(seed)
             everything = measured.get("sync-all", {}).get(seed)
             o = probes.get(seed)
-            r = {"step_s": m["step_s"], "samples_per_s": m["samples_per_s"], "tokens_per_s": m["tokens_per_s"],
-                 "trainer/idle_ratio": m["trainer/idle_ratio"], "rollouter/idle_ratio": m["rollouter/idle_ratio"],
-                 "staleness_mean": m["staleness_mean"], **{f"T_{k}": v for k, v in m["phases"].items()},
-                 **{k: m[k] for k in ("startup_s", "run_wall_s", "fixed_s", "host_busy_before") if k in m}}  # fmt: skip
+            r = {
+                "step_s": m["step_s"],
+                "samples_per_s": m["samples_per_s"],
+                "tokens_per_s": m["tokens_per_s"],
+                "trainer/idle_ratio": m["trainer/idle_ratio"],
+                "rollouter/idle_ratio": m["rollouter/idle_ratio"],
+                "staleness_mean": m["staleness_mean"],
+                **{f"T_{k}": v for k, v in m["phases"].items()},
+                **{k: m[k] for k in ("startup_s", "run_wall_s", "fixed_s", "host_busy_before") if k in m},
+            }
             if everything is not None:
                 r["speedup_vs_all"] = everything["step_s"] / m["step_s"]
             if base is not None:
@@ -234,8 +260,12 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
                 if o is not None and mode != "sync-all":  # (c) the sync run + the overlapped probe
                     w = base["_workload"]
                     if MODES[mode][0] is not None:
-                        w = replace(w, overlap_slowdown=o["overlap_slowdown"], train_slowdown=o["train_slowdown"],
-                                    async_overhead=o["overhead"])  # fmt: skip
+                        w = replace(
+                            w,
+                            overlap_slowdown=o["overlap_slowdown"],
+                            train_slowdown=o["train_slowdown"],
+                            async_overhead=o["overhead"],
+                        )
                     calib.append(("probe_", w))
                     r["probe_overlap_slowdown"], r["probe_train_slowdown"] = o["overlap_slowdown"], o["train_slowdown"]
                     r["probe_overhead_s"], r["sync_overhead_s"] = o["overhead"], o["sync_overhead"]
@@ -259,8 +289,14 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
             per.append(r)
         agg = {k: statistics.fmean(p[k] for p in per) for k in per[0] if all(k in p for p in per)}
         hist = sum((Counter(m["staleness_hist"]) for m in seeds.values()), Counter())
-        for k in ("speedup", "speedup_vs_all", "throughput_error", "probe_throughput_error", "own_throughput_error",
-                  "break_even_steps"):  # every seed's value, not only the mean  # fmt: skip
+        for k in (
+            "speedup",
+            "speedup_vs_all",
+            "throughput_error",
+            "probe_throughput_error",
+            "own_throughput_error",
+            "break_even_steps",
+        ):  # every seed's value, not only the mean
             if all(k in p for p in per):
                 agg[f"{k}_seeds"] = [p[k] for p in per]
                 vals = agg[f"{k}_seeds"]
@@ -270,10 +306,14 @@ def analyse(measured: dict[str, dict[int, dict]]) -> list[dict]:
         if "break_even_steps_seeds" in agg:  # the mean of a value that can be infinite says little
             agg["break_even_steps"] = statistics.median(agg["break_even_steps_seeds"])
         agg["rejected_mean"] = statistics.fmean(m.get("rejected", 0.0) for m in seeds.values())
-        agg.update(mode=mode, seeds=sorted(seeds), staleness_hist=dict(sorted(hist.items())),
-                   reward_mean=statistics.fmean(v for m in seeds.values() for _, v in m["reward"]),
-                   acr_mean=statistics.fmean(v for m in seeds.values() for _, v in m["acr"]),
-                   acr_effective_mean=statistics.fmean(v for m in seeds.values() for _, v in m["acr_effective"]))  # fmt: skip
+        agg.update(
+            mode=mode,
+            seeds=sorted(seeds),
+            staleness_hist=dict(sorted(hist.items())),
+            reward_mean=statistics.fmean(v for m in seeds.values() for _, v in m["reward"]),
+            acr_mean=statistics.fmean(v for m in seeds.values() for _, v in m["acr"]),
+            acr_effective_mean=statistics.fmean(v for m in seeds.values() for _, v in m["acr_effective"]),
+        )
         rows.append(agg)
     return rows
 
@@ -297,20 +337,31 @@ def _seeds(r: dict, key: str, pct: bool = False) -> str:
 
 
 def results_table(rows: list[dict]) -> str:
-    cols = [("mode", "mode", False), ("s/step", "step_s", False), ("samples/s", "samples_per_s", False),
-            ("tokens/s", "tokens_per_s", False), ("speedup vs sync", "speedup", False),
-            ("speedup sd (seeds)", "speedup_sd", False), ("speedup vs sync-all", "speedup_vs_all", False),
-            ("ideal (timer estimate)", "ideal", False),
-            ("efficiency", "efficiency", False), ("trainer/idle_ratio", "trainer/idle_ratio", False),
-            ("rollouter/idle_ratio", "rollouter/idle_ratio", False), ("staleness mean", "staleness_mean", False),
-            ("simulated s/step (from sync)", "predicted_step_s", False),
-            ("sim. error (from sync)", "throughput_error", True),
-            ("sim. error (sync + probe)", "probe_throughput_error", True),
-            ("sim. error (own phases)", "own_throughput_error", True),
-            ("sim. staleness", "own_predicted_staleness_mean", False), ("reward", "reward_mean", False),
-            ("raw ACR", "acr_mean", False), ("effective ACR", "acr_effective_mean", False),
-            ("start-up s", "startup_s", False), ("break-even steps (median)", "break_even_steps", False),
-            ("host busy before", "host_busy_before", "share")]  # fmt: skip
+    cols = [
+        ("mode", "mode", False),
+        ("s/step", "step_s", False),
+        ("samples/s", "samples_per_s", False),
+        ("tokens/s", "tokens_per_s", False),
+        ("speedup vs sync", "speedup", False),
+        ("speedup sd (seeds)", "speedup_sd", False),
+        ("speedup vs sync-all", "speedup_vs_all", False),
+        ("ideal (timer estimate)", "ideal", False),
+        ("efficiency", "efficiency", False),
+        ("trainer/idle_ratio", "trainer/idle_ratio", False),
+        ("rollouter/idle_ratio", "rollouter/idle_ratio", False),
+        ("staleness mean", "staleness_mean", False),
+        ("simulated s/step (from sync)", "predicted_step_s", False),
+        ("sim. error (from sync)", "throughput_error", True),
+        ("sim. error (sync + probe)", "probe_throughput_error", True),
+        ("sim. error (own phases)", "own_throughput_error", True),
+        ("sim. staleness", "own_predicted_staleness_mean", False),
+        ("reward", "reward_mean", False),
+        ("raw ACR", "acr_mean", False),
+        ("effective ACR", "acr_effective_mean", False),
+        ("start-up s", "startup_s", False),
+        ("break-even steps (median)", "break_even_steps", False),
+        ("host busy before", "host_busy_before", "share"),
+    ]
     lines = ["| " + " | ".join(c[0] for c in cols) + " |", "|" + " --- |" * len(cols)]
     lines += ["| " + " | ".join(_f(r.get(k), pct) for _, k, pct in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -321,8 +372,11 @@ def phases_table(rows: list[dict]) -> str:
         "| mode | T_gen | T_train (experience + update) | T_sync | lock wait before sync |",
         "| --- | --- | --- | --- | --- |",
     ]
-    lines += [f"| {r['mode']} | {r.get('T_gen', 0):.2f} s | {r.get('T_train', 0):.2f} s | {r.get('T_sync', 0):.2f} s | "
-              f"{r.get('T_lock_wait', 0):.2f} s |" for r in rows]  # fmt: skip
+    lines += [
+        f"| {r['mode']} | {r.get('T_gen', 0):.2f} s | {r.get('T_train', 0):.2f} s | {r.get('T_sync', 0):.2f} s | "
+        f"{r.get('T_lock_wait', 0):.2f} s |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -331,10 +385,12 @@ def results_page(d: dict) -> str:
     every one that way): the workload line, the results table and the phase times. A blank line before
     each table: Markdown takes a table that follows a line of text for more of that paragraph."""
     a = d["args"]
-    return (f"workload {d['workload']}: model {a['model']}, {a['prompts_per_step']} prompts x G={a['group_size']}, "
-            f"{a['max_new_tokens']} new tokens, {a['ppo_epochs']} PPO epochs, {a['steps']} steps, seeds {a['seeds']}, "
-            f"split {a['split']} (engine/training cores), backend {a['backend']}, precision {d['precision']}, "
-            f"{d['cpu']}\n\n{results_table(d['modes'])}\nmean phase times per step (s):\n\n{phases_table(d['modes'])}")  # fmt: skip
+    return (
+        f"workload {d['workload']}: model {a['model']}, {a['prompts_per_step']} prompts x G={a['group_size']}, "
+        f"{a['max_new_tokens']} new tokens, {a['ppo_epochs']} PPO epochs, {a['steps']} steps, seeds {a['seeds']}, "
+        f"split {a['split']} (engine/training cores), backend {a['backend']}, precision {d['precision']}, "
+        f"{d['cpu']}\n\n{results_table(d['modes'])}\nmean phase times per step (s):\n\n{phases_table(d['modes'])}"
+    )
 
 
 def learning(a, root: Path) -> dict:
@@ -347,8 +403,20 @@ def learning(a, root: Path) -> dict:
             if not (run / "summary.json").exists():
                 extra = ["--sync"] if q is None else ["--", "--train.async_queue_size", str(q), *MODES[mode][2]]
                 print(f"[async] learning {mode} seed {seed} -> {run}", flush=True)
-                subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.quickstart", "--out", str(run), "--seed",
-                                str(seed), *extra], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "avspo_openrlhf.cli.quickstart",
+                        "--out",
+                        str(run),
+                        "--seed",
+                        str(seed),
+                        *extra,
+                    ],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
             out.setdefault(mode, {})[seed] = json.loads((run / "summary.json").read_text())
     return out
 
@@ -363,8 +431,10 @@ def learning_table(res: dict) -> str:
     ]
     for mode, seeds in res.items():
         for seed, s in sorted(seeds.items()):
-            lines.append(f"| {mode} | {seed} | {100 * s['before']['pass@1']:.1f} % → {100 * s['after']['pass@1']:.1f} % | "
-                         f"{g(s['gain_ci95']['all'])} | {s['wall_min']:.1f} min |")  # fmt: skip
+            lines.append(
+                f"| {mode} | {seed} | {100 * s['before']['pass@1']:.1f} % → {100 * s['after']['pass@1']:.1f} % | "
+                f"{g(s['gain_ci95']['all'])} | {s['wall_min']:.1f} min |"
+            )
         gains = [s["gain_ci95"]["all"][0] for s in seeds.values()]
         lines.append(f"| {mode} | mean | | {100 * statistics.fmean(gains):+.1f} | |")
     return "\n".join(lines) + "\n"
@@ -374,34 +444,63 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    p.add_argument("--workload", choices=list(WORKLOADS), default="documented",
-                   help="preset of the five workload flags below (each one given overrides it): "
-                   + "; ".join(f"{k}: {v['prompts_per_step']} prompts x G={v['group_size']}, {v['max_new_tokens']} "
-                               f"tokens, {v['ppo_epochs']} PPO epochs, {v['steps']} steps" for k, v in WORKLOADS.items()))  # fmt: skip
-    p.add_argument("--out", default=None, help="run folders (a finished run is not rerun; default: "
-                   "runs/async_throughput/<workload>-<precision>)")  # fmt: skip
-    p.add_argument("--results", default=None, help="where results.md/json and the plots go (default: "
-                   "<workload>-<precision>/ in the experiment folder, and its results.md is rebuilt)")  # fmt: skip
-    p.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES),
-                   help="sync-all: sync on all cores; sync: sync on the split (the baseline); async-qN: queue size N; "
-                   "-stale1: --buffer.max_staleness 1; -iscorr: OpenRLHF's TIS off-policy correction; -partial: "
-                   "--train.partial_rollout_enable (GPU only). The probe calibration needs async-q1")  # fmt: skip
+    p.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="documented",
+        help="preset of the five workload flags below (each one given overrides it): "
+        + "; ".join(
+            f"{k}: {v['prompts_per_step']} prompts x G={v['group_size']}, {v['max_new_tokens']} "
+            f"tokens, {v['ppo_epochs']} PPO epochs, {v['steps']} steps"
+            for k, v in WORKLOADS.items()
+        ),
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="run folders (a finished run is not rerun; default: runs/async_throughput/<workload>-<precision>)",
+    )
+    p.add_argument(
+        "--results",
+        default=None,
+        help="where results.md/json and the plots go (default: "
+        "<workload>-<precision>/ in the experiment folder, and its results.md is rebuilt)",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        default=DEFAULT_MODES,
+        choices=list(MODES),
+        help="sync-all: sync on all cores; sync: sync on the split (the baseline); async-qN: queue size N; "
+        "-stale1: --buffer.max_staleness 1; -iscorr: OpenRLHF's TIS off-policy correction; -partial: "
+        "--train.partial_rollout_enable (GPU only). The probe calibration needs async-q1",
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds (each draws its own prompts)")
-    p.add_argument("--model", default="tiny", help="tiny (random 2-layer model: short phases), "
-                   "smollm2, or a path / hub id")  # fmt: skip
+    p.add_argument(
+        "--model", default="tiny", help="tiny (random 2-layer model: short phases), smollm2, or a path / hub id"
+    )
     p.add_argument("--backend", choices=["cpu", "gpu"], default="cpu", help="avspo-train --backend")
     p.add_argument("--split", default="1/1", help="engine/training cores (CPU backend), counts")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (the first is left out of rates)")
     p.add_argument("--group-size", type=int, default=None, help="G: samples per prompt")
     p.add_argument("--prompts-per-step", type=int, default=None, help="prompt groups per step")
     p.add_argument("--max-new-tokens", type=int, default=None, help="token budget per completion")
-    p.add_argument("--ppo-epochs", type=int, default=None, help="--train.max_epochs: passes over each batch (with the "
-                   "tiny model, 3 made training take about as long as generation on a 1/1 split of a 2-core EPYC "
-                   "without native bf16; about twice as long on one with it)")  # fmt: skip
+    p.add_argument(
+        "--ppo-epochs",
+        type=int,
+        default=None,
+        help="--train.max_epochs: passes over each batch (with the "
+        "tiny model, 3 made training take about as long as generation on a 1/1 split of a 2-core EPYC "
+        "without native bf16; about twice as long on one with it)",
+    )
     p.add_argument("--lr", type=float, default=1e-5, help="actor learning rate")
-    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="--cpu.dtype of the throughput runs (auto: as avspo-train resolves it on this machine; the "
-                   "precision used names the results folder). The --learning runs are quickstarts: fp32 in every stage")  # fmt: skip
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="--cpu.dtype of the throughput runs (auto: as avspo-train resolves it on this machine; the "
+        "precision used names the results folder). The --learning runs are quickstarts: fp32 in every stage",
+    )
     p.add_argument("--learning", action="store_true", help="also run held-out accuracy per mode (quickstart runs)")
     p.add_argument(
         "--learning-modes",
@@ -411,8 +510,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="modes compared by held-out accuracy (--learning)",
     )
     p.add_argument("--learning-seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the --learning runs")
-    p.add_argument("--summary-only", action="store_true", help="only rebuild the results.md of every "
-                   "<workload>-<precision>/ folder and the experiment folder's summary from their results.json")  # fmt: skip
+    p.add_argument(
+        "--summary-only",
+        action="store_true",
+        help="only rebuild the results.md of every "
+        "<workload>-<precision>/ folder and the experiment folder's summary from their results.json",
+    )
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags for every run")
     return p
 
@@ -423,15 +526,18 @@ SUMMARY_MODES = ("sync-all", "async-q1", "async-q2", "async-q4", "async-q4-stale
 def summary(here: Path) -> str:
     """One table over every ``<workload>-<precision>/results.json`` here: speedups with each seed,
     both baselines, the simulator's three errors, start-up and break-even, the host's load."""
-    lines = ["Every workload and precision measured (per combination: `<workload>-<precision>/results.md`). "
-             "Speedup over sync on the same core split, mean (each seed); sim. errors: + means the simulator "
-             "predicted a higher throughput than measured; `from sync`: calibrated on the sync run alone; "
-             "`sync + probe`: plus the first 4 steps of the async-q1 run (the overlap terms); `own`: on the "
-             "mode's own phase times. Break-even: the median over seeds of the step count from which the "
-             "mode is faster than sync end to end.\n\n",
-             "| workload | precision | CPU | mode | sync s/step | speedup vs sync | vs sync-all | ideal (timer est.) | "
-             "sim. error from sync | sim. error sync + probe | sim. error own | extra start-up s | "
-             "break-even steps | host busy before (max) |\n", "|" + " --- |" * 14 + "\n"]  # fmt: skip
+    lines = [
+        "Every workload and precision measured (per combination: `<workload>-<precision>/results.md`). "
+        "Speedup over sync on the same core split, mean (each seed); sim. errors: + means the simulator "
+        "predicted a higher throughput than measured; `from sync`: calibrated on the sync run alone; "
+        "`sync + probe`: plus the first 4 steps of the async-q1 run (the overlap terms); `own`: on the "
+        "mode's own phase times. Break-even: the median over seeds of the step count from which the "
+        "mode is faster than sync end to end.\n\n",
+        "| workload | precision | CPU | mode | sync s/step | speedup vs sync | vs sync-all | ideal (timer est.) | "
+        "sim. error from sync | sim. error sync + probe | sim. error own | extra start-up s | "
+        "break-even steps | host busy before (max) |\n",
+        "|" + " --- |" * 14 + "\n",
+    ]
     for f in sorted(here.glob("*/results.json")):
         d = json.loads(f.read_text())
         if "workload" not in d:
@@ -443,11 +549,13 @@ def summary(here: Path) -> str:
             m = modes.get(name)
             if m is None or "speedup" not in m:
                 continue
-            lines.append(f"| {d['workload']} | {d['precision']} | {d['cpu']} | {name} | {_f(sync.get('step_s'))} | "
-                         f"{_seeds(m, 'speedup')} | {_f(m.get('speedup_vs_all'))} | {_f(m.get('ideal'))} | "
-                         f"{_seeds(m, 'throughput_error', True)} | {_seeds(m, 'probe_throughput_error', True)} | "
-                         f"{_seeds(m, 'own_throughput_error', True)} | {_f(m.get('extra_startup_s'))} | "
-                         f"{_f(m.get('break_even_steps'))} | {100 * busy:.0f} % |\n")  # fmt: skip
+            lines.append(
+                f"| {d['workload']} | {d['precision']} | {d['cpu']} | {name} | {_f(sync.get('step_s'))} | "
+                f"{_seeds(m, 'speedup')} | {_f(m.get('speedup_vs_all'))} | {_f(m.get('ideal'))} | "
+                f"{_seeds(m, 'throughput_error', True)} | {_seeds(m, 'probe_throughput_error', True)} | "
+                f"{_seeds(m, 'own_throughput_error', True)} | {_f(m.get('extra_startup_s'))} | "
+                f"{_f(m.get('break_even_steps'))} | {100 * busy:.0f} % |\n"
+            )
     return "".join(lines)
 
 
@@ -491,33 +599,58 @@ def main(here: Path, argv: list[str] | None = None) -> int:
             measured.setdefault(mode, {})[seed] = measure(run)
     rows = analyse(measured)
     cpu = cpu_kind() if a.backend == "cpu" else "GPU"
-    keep = {mode: {s: {k: v for k, v in m.items() if not k.startswith("_") and k != "timeline"} for s, m in seeds.items()}
-            for mode, seeds in measured.items()}  # fmt: skip
-    published = {"workload": name, "precision": precision, "cpu": cpu, "args": {k: v for k, v in vars(a).items()},
-                 "modes": rows, "runs": keep}  # fmt: skip
+    keep = {
+        mode: {s: {k: v for k, v in m.items() if not k.startswith("_") and k != "timeline"} for s, m in seeds.items()}
+        for mode, seeds in measured.items()
+    }
+    published = {
+        "workload": name,
+        "precision": precision,
+        "cpu": cpu,
+        "args": {k: v for k, v in vars(a).items()},
+        "modes": rows,
+        "runs": keep,
+    }
     (res_dir / "results.json").write_text(json.dumps(published, indent=1, default=str))
     text = results_page(json.loads((res_dir / "results.json").read_text()))
     (res_dir / "results.md").write_text(text)
     seed0 = a.seeds[0]
-    gantt = {f"measured: {m}": (measured[m][seed0]["timeline"]["steps"], measured[m][seed0]["timeline"]["spans"])
-             for m in ("sync", "async-q1", "async-q2") if m in measured}  # fmt: skip
+    gantt = {
+        f"measured: {m}": (measured[m][seed0]["timeline"]["steps"], measured[m][seed0]["timeline"]["spans"])
+        for m in ("sync", "async-q1", "async-q2")
+        if m in measured
+    }
     if gantt:
         ends = [s["end"] for st, _ in gantt.values() for s in st[: WARMUP_STEPS + 6]]
-        plot_gantt(gantt, str(res_dir / "timeline.png"), "generator and trainer activity (warm-up and 6 steps, seed "
-                   f"{seed0}); sync waits, async overlaps", max_s=max(ends) if ends else None,
-                   warmup_steps=WARMUP_STEPS)  # fmt: skip
+        plot_gantt(
+            gantt,
+            str(res_dir / "timeline.png"),
+            f"generator and trainer activity (warm-up and 6 steps, seed {seed0}); sync waits, async overlaps",
+            max_s=max(ends) if ends else None,
+            warmup_steps=WARMUP_STEPS,
+        )
     plot_throughput([r for r in rows if "speedup" in r], str(res_dir / "throughput.png"))
-    plot_staleness({r["mode"]: r["staleness_hist"] for r in rows if r["mode"].startswith("async")},
-                   str(res_dir / "staleness.png"), {r["mode"]: r["rejected_mean"] for r in rows})  # fmt: skip
+    plot_staleness(
+        {r["mode"]: r["staleness_hist"] for r in rows if r["mode"].startswith("async")},
+        str(res_dir / "staleness.png"),
+        {r["mode"]: r["rejected_mean"] for r in rows},
+    )
     curves = {m: {k: [measured[m][s][k] for s in measured[m]] for k in ("reward", "acr")} for m in measured}
-    plot_curves(curves, "reward", str(res_dir / "reward_curves.png"), "mean reward",
-                f"throughput workload ({a.model}): the reward shows no learning, only that every mode ran")  # fmt: skip
+    plot_curves(
+        curves,
+        "reward",
+        str(res_dir / "reward_curves.png"),
+        "mean reward",
+        f"throughput workload ({a.model}): the reward shows no learning, only that every mode ran",
+    )
     print(text)
     if res_dir.resolve().parent == here:
         (here / "results.md").write_text(summary(here))
     if a.learning:
         learn = learning(a, base)
-        (here / "learning.md").write_text("held-out accuracy after 8 steps (quickstart workload, SmolLM2-135M, all "
-                                          "cores, fp32 in every stage; every run kept):\n" + learning_table(learn))  # fmt: skip
+        (here / "learning.md").write_text(
+            "held-out accuracy after 8 steps (quickstart workload, SmolLM2-135M, all "
+            "cores, fp32 in every stage; every run kept):\n" + learning_table(learn)
+        )
         (here / "learning.json").write_text(json.dumps(learn, indent=1))
     return 0

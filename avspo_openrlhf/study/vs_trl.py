@@ -86,8 +86,11 @@ def run_ours(qargs, model: str, train: str, out: Path) -> dict:
         raise SystemExit(f"[bench] avspo-train failed (exit {proc.returncode}); log: {out / 'train.log'}")
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     times = step_times(t0, [r["timeline/gen_start"] for r in rows], [r["timeline/step_end"] for r in rows])
-    phases = {k.removeprefix("timing/"): statistics.median(r[k] for r in rows[1:] or rows)
-              for k in rows[0] if k.startswith("timing/") and k != "timing/step_total"}  # fmt: skip
+    phases = {
+        k.removeprefix("timing/"): statistics.median(r[k] for r in rows[1:] or rows)
+        for k in rows[0]
+        if k.startswith("timing/") and k != "timing/step_total"
+    }
     return {
         **times,
         "process_wall_s": wall,
@@ -125,8 +128,10 @@ def trl_worker(spec_path: str) -> int:
                 f.write(json.dumps({"step": state.global_step, "begin": self.begin, "end": time.time()}) + "\n")
 
     def arith(completions, answer, **kw):
-        return [float(score_arith(c[0]["content"] if isinstance(c, list) else c, a) == "correct")
-                for c, a in zip(completions, answer)]  # fmt: skip
+        return [
+            float(score_arith(c[0]["content"] if isinstance(c, list) else c, a) == "correct")
+            for c, a in zip(completions, answer)
+        ]
 
     rows = read_jsonl(spec["train"])
     data = Dataset.from_list([{"prompt": r["prompt"], "answer": str(r["answer"])} for r in rows])
@@ -134,17 +139,42 @@ def trl_worker(spec_path: str) -> int:
     tok = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
     g, per_step = spec["group_size"], spec["prompts_per_step"]
     config = GRPOConfig(
-        output_dir=str(out / "trainer"), seed=spec["seed"], max_steps=spec["steps"], num_generations=g,
-        per_device_train_batch_size=g * per_step, gradient_accumulation_steps=1, num_iterations=1,
-        max_completion_length=spec["max_new_tokens"], temperature=spec["temperature"], top_p=1.0,
-        learning_rate=spec["lr"], lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": 0.1},
-        warmup_steps=0, adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.0, max_grad_norm=1.0,
-        beta=0.0, loss_type="dapo", scale_rewards="group", epsilon=0.2,
-        bf16=False, fp16=False, use_cpu=True, use_vllm=False, dataloader_pin_memory=False,
-        logging_steps=1, report_to="none", save_strategy="no", eval_strategy="no", disable_tqdm=True,
-    )  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=arith, args=config, train_dataset=data, processing_class=tok,
-                          callbacks=[StepClock()])  # fmt: skip
+        output_dir=str(out / "trainer"),
+        seed=spec["seed"],
+        max_steps=spec["steps"],
+        num_generations=g,
+        per_device_train_batch_size=g * per_step,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=spec["max_new_tokens"],
+        temperature=spec["temperature"],
+        top_p=1.0,
+        learning_rate=spec["lr"],
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr_rate": 0.1},
+        warmup_steps=0,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        epsilon=0.2,
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        use_vllm=False,
+        dataloader_pin_memory=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=arith, args=config, train_dataset=data, processing_class=tok, callbacks=[StepClock()]
+    )
     trainer.train()
     trainer.save_model(str(out / "final"))
     tok.save_pretrained(str(out / "final"))
@@ -156,29 +186,47 @@ def trl_worker(spec_path: str) -> int:
 def run_trl(qargs, model: str, train: str, out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    spec = {"out": str(out), "model": model, "train": train, "seed": qargs.seed, "steps": qargs.steps,
-            "group_size": qargs.group_size, "prompts_per_step": qargs.prompts_per_step, "lr": qargs.lr,
-            "max_new_tokens": qargs.max_new_tokens, "temperature": qargs.temperature}  # fmt: skip
+    spec = {
+        "out": str(out),
+        "model": model,
+        "train": train,
+        "seed": qargs.seed,
+        "steps": qargs.steps,
+        "group_size": qargs.group_size,
+        "prompts_per_step": qargs.prompts_per_step,
+        "lr": qargs.lr,
+        "max_new_tokens": qargs.max_new_tokens,
+        "temperature": qargs.temperature,
+    }
     (out / "spec.json").write_text(json.dumps(spec, indent=1))
     load = load_average()
     with open(out / "train.log", "wb") as log:
         t0 = time.time()
-        proc = subprocess.run([sys.executable, "-m", WORKER, "--trl-worker", str(out / "spec.json")], stdout=log,
-                              stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", WORKER, "--trl-worker", str(out / "spec.json")], stdout=log, stderr=subprocess.STDOUT
+        )
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"[bench] TRL failed (exit {proc.returncode}); log: {out / 'train.log'}")
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    return {**step_times(t0, [s["begin"] for s in steps], [s["end"] for s in steps]), "process_wall_s": wall,
-            "final": str(out / "final"), "load_before": load, "load_after": load_average(), "config": spec}  # fmt: skip
+    return {
+        **step_times(t0, [s["begin"] for s in steps], [s["end"] for s in steps]),
+        "process_wall_s": wall,
+        "final": str(out / "final"),
+        "load_before": load,
+        "load_after": load_average(),
+        "config": spec,
+    }
 
 
 # ── report ──
 
-ROWS = [("startup_s", "start-up (process start → step 1 begins)"),
-        ("first_step_logged_s", "first step logged (from process start)"),
-        ("steady_step_s", "steady step (median, steps 2..N)"),
-        ("training_stage_s", "training stage (process start → last step logged)")]  # fmt: skip
+ROWS = [
+    ("startup_s", "start-up (process start → step 1 begins)"),
+    ("first_step_logged_s", "first step logged (from process start)"),
+    ("steady_step_s", "steady step (median, steps 2..N)"),
+    ("training_stage_s", "training stage (process start → last step logged)"),
+]
 
 
 def _brief(side: dict) -> str:
@@ -193,8 +241,11 @@ def report(res: dict) -> str:
     """The markdown table: one column per mode of ours that ran, TRL, and each mode's ratio to TRL."""
     ours, trl, gains = res.get("ours", {}), res.get("trl"), res.get("gains", {})
     modes = list(ours)
-    lines = [f"CPU: {res['cpu']}; every stage in {res['precision']} (both sides); seed {res['seed']}; "
-             f"{res['label']}; the quickstart's mode on this machine: {res['default_mode']}.", ""]  # fmt: skip
+    lines = [
+        f"CPU: {res['cpu']}; every stage in {res['precision']} (both sides); seed {res['seed']}; "
+        f"{res['label']}; the quickstart's mode on this machine: {res['default_mode']}.",
+        "",
+    ]
     cols = [f"ours, {m}" for m in modes] + ["TRL `GRPOTrainer`"] + [f"ours {m} / TRL" for m in modes if trl]
     lines += ["| | " + " | ".join(cols) + " |", "|" + " --- |" * (len(cols) + 1)]
     for key, name in ROWS:
@@ -210,8 +261,11 @@ def report(res: dict) -> str:
     lines += ["", f"1-minute load average before → after each run ({res['cpu'].split(', ')[1]}): {load}."]
     for m in modes:
         ph = ours[m]["phases_median_s"]
-        lines += ["", f"Our step ({m}), median per phase over steps 2..N (`timing/*` of metrics.jsonl; in async the "
-                  "generation overlaps the update): " + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items()) + "."]  # fmt: skip
+        lines += [
+            "",
+            f"Our step ({m}), median per phase over steps 2..N (`timing/*` of metrics.jsonl; in async the "
+            "generation overlaps the update): " + ", ".join(f"{k} {v:.2f} s" for k, v in ph.items()) + ".",
+        ]
     if res.get("trl_note"):
         lines += ["", res["trl_note"]]
     return "\n".join(lines) + "\n"
@@ -246,9 +300,12 @@ def main(
     p.add_argument("--seed", type=int, default=0, help="the seed of both sides, of the data and of the bootstrap")
     p.add_argument("--grpo", action="store_true", help="ours in plain GRPO too (default: AVSPO, as the quickstart)")
     p.add_argument("--only", choices=["ours", "trl"], help="run one side")
-    p.add_argument("--modes", default=default_rollout_mode(),
-                   help="our rollout modes, comma-separated (sync,async: both, one after the other); default: the "
-                        "quickstart's for this machine")  # fmt: skip
+    p.add_argument(
+        "--modes",
+        default=default_rollout_mode(),
+        help="our rollout modes, comma-separated (sync,async: both, one after the other); default: the "
+        "quickstart's for this machine",
+    )
     p.add_argument("--skip-eval", action="store_true", help="timings only (no held-out evaluation)")
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags for our side")
     args = p.parse_args(argv)
@@ -262,10 +319,15 @@ def main(
     qargs = {m: quickstart_args(args.seed, args.grpo, args.extra, m) for m in modes}
     first = qargs[modes[0]]
     model = prepare("smollm2")
-    train, heldout = quickstart.write_data(out / "data", first.steps, first.prompts_per_step, first.heldout,
-                                           first.seed)  # fmt: skip
-    res: dict = {"cpu": cpu_kind(), "precision": first.dtype, "seed": args.seed, "default_mode": default_rollout_mode(),
-                 "label": f"ours {'GRPO' if args.grpo else 'GRPO + AVSPO'}, TRL GRPO", "ours": {}}  # fmt: skip
+    train, heldout = quickstart.write_data(out / "data", first.steps, first.prompts_per_step, first.heldout, first.seed)
+    res: dict = {
+        "cpu": cpu_kind(),
+        "precision": first.dtype,
+        "seed": args.seed,
+        "default_mode": default_rollout_mode(),
+        "label": f"ours {'GRPO' if args.grpo else 'GRPO + AVSPO'}, TRL GRPO",
+        "ours": {},
+    }
     if args.only != "trl":
         for m in modes:
             print(f"[bench] ours, {m}: avspo-train --backend cpu", flush=True)

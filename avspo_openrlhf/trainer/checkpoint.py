@@ -80,22 +80,44 @@ def resume_tag(save_dir: str, say=print) -> str | None:
     if latest in complete:
         return latest
     best = max(complete, key=lambda t: _order(save_dir, t))
-    say(f"[avspo] {save_dir}: 'latest' names {latest!r}, which is not a complete checkpoint (a save was "
-        f"interrupted): resuming from {best}")  # fmt: skip
+    say(
+        f"[avspo] {save_dir}: 'latest' names {latest!r}, which is not a complete checkpoint (a save was "
+        f"interrupted): resuming from {best}"
+    )
     return best
 
 
 class CrashSafeStrategy(DeepspeedStrategy):
     """OpenRLHF's DeepSpeed strategy whose checkpoints survive a kill at any moment."""
 
-    def save_ckpt(self, model, save_dir, tag=None, max_num=3, max_mem=1000, client_state=None, save_latest=True,
-                  metric_value=None, metric_key=None):  # fmt: skip
+    def save_ckpt(
+        self,
+        model,
+        save_dir,
+        tag=None,
+        max_num=3,
+        max_mem=1000,
+        client_state=None,
+        save_latest=True,
+        metric_value=None,
+        metric_key=None,
+    ):
         if tag is None:  # DeepSpeed names it; keep OpenRLHF's behaviour for this rare call
-            return super().save_ckpt(model, save_dir, tag, max_num, max_mem, client_state, save_latest,
-                                     metric_value, metric_key)  # fmt: skip
+            return super().save_ckpt(
+                model, save_dir, tag, max_num, max_mem, client_state, save_latest, metric_value, metric_key
+            )
         # no eviction and no 'latest' yet: both happen below, once the new checkpoint is whole
-        super().save_ckpt(model, save_dir, tag, max_num=10**9, max_mem=10**9, client_state=client_state,
-                          save_latest=False, metric_value=metric_value, metric_key=metric_key)  # fmt: skip
+        super().save_ckpt(
+            model,
+            save_dir,
+            tag,
+            max_num=10**9,
+            max_mem=10**9,
+            client_state=client_state,
+            save_latest=False,
+            metric_value=metric_value,
+            metric_key=metric_key,
+        )
         if not self.is_rank_0():
             return
         _atomic_write(os.path.join(save_dir, tag, COMPLETE), "")

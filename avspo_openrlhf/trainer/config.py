@@ -142,7 +142,9 @@ def load_plugins(specs) -> None:
             except ModuleNotFoundError as e:
                 if e.name is None or not spec.startswith(e.name):
                     raise  # the plugin itself imports something missing: its own traceback
-                raise ValueError(f"--plugin {spec}: no module named {e.name!r} (on sys.path: PYTHONPATH or the current folder)") from None  # fmt: skip
+                raise ValueError(
+                    f"--plugin {spec}: no module named {e.name!r} (on sys.path: PYTHONPATH or the current folder)"
+                ) from None
             continue
         path = os.path.abspath(spec)
         name = os.path.splitext(os.path.basename(path))[0]
@@ -204,7 +206,9 @@ def groups() -> dict[str, tuple[str, type]]:
     remedies = remedy_configs()
     clash = sorted(set(remedies) & set(FIXED_GROUPS))
     if clash:
-        raise ValueError(f"estimator {clash[0]!r} has the name of the --{clash[0]}.* flag group: register it under another name")  # fmt: skip
+        raise ValueError(
+            f"estimator {clash[0]!r} has the name of the --{clash[0]}.* flag group: register it under another name"
+        )
     order = {"acr": ACRConfig, **remedies, **{k: v for k, v in FIXED_GROUPS.items() if k != "acr"}}
     return {ns: (_title(cls), cls) for ns, cls in order.items()}
 
@@ -260,7 +264,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     for ns in remedies:  # a remedy's group must not merge into one of OpenRLHF's (--train.*, --actor.*, ...)
         taken = next((s for s in parser._option_string_actions if s == f"--{ns}" or s.startswith(f"--{ns}.")), None)
         if taken is not None:
-            raise ValueError(f"estimator {ns!r}: its --{ns}.* flags would join the parser's {taken}: register it under another name")  # fmt: skip
+            raise ValueError(
+                f"estimator {ns!r}: its --{ns}.* flags would join the parser's {taken}: register it under another name"
+            )
     choose = parser.add_argument_group("Advantage remedy (avspo-openrlhf)")
     choose.add_argument(
         "--remedy",
@@ -297,8 +303,10 @@ def _remedy_of(args) -> str | None:
     if remedy in (None, "none"):
         return None
     if remedy not in _remedy_choices():
-        raise ValueError(f"--remedy {remedy}: no such estimator; choose from {', '.join(_remedy_choices())} "
-                         "(a remedy of yours: --plugin MODULE)")  # fmt: skip
+        raise ValueError(
+            f"--remedy {remedy}: no such estimator; choose from {', '.join(_remedy_choices())} "
+            "(a remedy of yours: --plugin MODULE)"
+        )
     return remedy
 
 
@@ -318,8 +326,13 @@ def settings(args) -> Settings:
     def build(ns: str, cls: type):
         have = given(ns)
         try:
-            return cls(**{f.name: tuple(v) if isinstance(v := have[f.name], list) else v
-                          for f in fields(cls) if f.name in have})  # fmt: skip
+            return cls(
+                **{
+                    f.name: tuple(v) if isinstance(v := have[f.name], list) else v
+                    for f in fields(cls)
+                    if f.name in have
+                }
+            )
         except OptionError as e:
             raise ValueError(e.render(lambda name, ns=ns: f"--{ns}.{name}")) from None
 
@@ -328,8 +341,10 @@ def settings(args) -> Settings:
     for ns, cls in remedy_configs().items():
         set_here = [f.name for f in fields(cls) if f.name in given(ns)]
         if ns != remedy and set_here:
-            raise ValueError(f"--{ns}.{set_here[0]} is an option of --remedy {ns}, but --remedy is {args.remedy}: "
-                             f"drop it, or choose --remedy {ns}")  # fmt: skip
+            raise ValueError(
+                f"--{ns}.{set_here[0]} is an option of --remedy {ns}, but --remedy is {args.remedy}: "
+                f"drop it, or choose --remedy {ns}"
+            )
     cls = ESTIMATORS[remedy].config if remedy else None
     return Settings(**out, remedy=remedy, remedy_config=build(remedy, cls) if cls is not None else None)
 
@@ -350,8 +365,10 @@ def resolve_reward_alias(args) -> None:
         if u.startswith("avspo:"):
             name = u.split(":", 1)[1]
             if name not in REWARD_ALIASES:
-                raise ValueError(f"--reward.remote_url {u}: unknown alias; choose from " +
-                                 ", ".join(f"avspo:{k}" for k in REWARD_ALIASES))  # fmt: skip
+                raise ValueError(
+                    f"--reward.remote_url {u}: unknown alias; choose from "
+                    + ", ".join(f"avspo:{k}" for k in REWARD_ALIASES)
+                )
             u = importlib.util.find_spec(REWARD_ALIASES[name]).origin
         out.append(u)
     args.reward.remote_url = ",".join(out)
@@ -389,23 +406,37 @@ def _in_range(args) -> None:
         ("--actor.adam.lr", a.actor.adam.lr, a.actor.adam.lr > 0, "> 0"),
         ("--rollout.temperature", a.rollout.temperature, a.rollout.temperature >= 0, ">= 0"),
         ("--rollout.top_p", a.rollout.top_p, 0 < a.rollout.top_p <= 1, "in (0, 1]"),
-        ("--rollout.max_new_tokens", a.rollout.max_new_tokens, a.rollout.max_new_tokens is None or a.rollout.max_new_tokens >= 1, ">= 1"),
+        (
+            "--rollout.max_new_tokens",
+            a.rollout.max_new_tokens,
+            a.rollout.max_new_tokens is None or a.rollout.max_new_tokens >= 1,
+            ">= 1",
+        ),
         ("--rollout.n_samples_per_prompt", a.rollout.n_samples_per_prompt, a.rollout.n_samples_per_prompt >= 1, ">= 1"),
         ("--train.batch_size", a.train.batch_size, a.train.batch_size >= 1, ">= 1"),
         ("--train.max_epochs", a.train.max_epochs, a.train.max_epochs >= 1, ">= 1"),
         ("--train.async_queue_size", a.train.async_queue_size, a.train.async_queue_size >= 1, ">= 1"),
         ("--ckpt.max_num", a.ckpt.max_num, a.ckpt.max_num >= 1, ">= 1 (0 would delete every checkpoint)"),
-        ("--ckpt.save_steps", a.ckpt.save_steps, a.ckpt.save_steps == -1 or a.ckpt.save_steps >= 1, "-1 (never) or >= 1"),
+        (
+            "--ckpt.save_steps",
+            a.ckpt.save_steps,
+            a.ckpt.save_steps == -1 or a.ckpt.save_steps >= 1,
+            "-1 (never) or >= 1",
+        ),
         ("--actor.eps_clip", a.actor.eps_clip, a.actor.eps_clip > 0, "> 0"),
-        ("--actor.eps_clip_low_high", a.actor.eps_clip_low_high,
-         a.actor.eps_clip_low_high is None or min(a.actor.eps_clip_low_high) >= 0, ">= 0 (both)"),
+        (
+            "--actor.eps_clip_low_high",
+            a.actor.eps_clip_low_high,
+            a.actor.eps_clip_low_high is None or min(a.actor.eps_clip_low_high) >= 0,
+            ">= 0 (both)",
+        ),
         ("--train.micro_batch_size", a.train.micro_batch_size, a.train.micro_batch_size >= 1, ">= 1"),
         ("--rollout.micro_batch_size", a.rollout.micro_batch_size, a.rollout.micro_batch_size >= 1, ">= 1"),
         ("--actor.lr_warmup_ratio", a.actor.lr_warmup_ratio, 0 <= a.actor.lr_warmup_ratio <= 1, "in [0, 1]"),
         ("--actor.max_norm", a.actor.max_norm, a.actor.max_norm > 0, "> 0"),
         ("--algo.kl.init_coef", a.algo.kl.init_coef, a.algo.kl.init_coef >= 0, ">= 0"),
         ("--data.max_len", a.data.max_len, a.data.max_len >= 1, ">= 1"),
-    ]  # fmt: skip
+    ]
     for name, value, ok, want in checks:
         if not ok:
             raise ValueError(f"{name} must be {want}, got {value}")
@@ -436,16 +467,20 @@ def validate(args) -> None:
             )
     if cfg.monitor.kl_bound is not None and cfg.monitor.kl_source == "ref" and args.algo.kl.init_coef == 0:
         # OpenRLHF loads the reference model only with a KL coefficient: without one its kl is logged as 0
-        raise ValueError("--monitor.kl_bound watches the KL to the reference model, which OpenRLHF computes only "
-                         "with --algo.kl.init_coef > 0 (it logs 0 otherwise): set --algo.kl.init_coef, or "
-                         "--monitor.kl_source old (the KL to the previous policy), or leave --monitor.kl_bound out")  # fmt: skip
+        raise ValueError(
+            "--monitor.kl_bound watches the KL to the reference model, which OpenRLHF computes only "
+            "with --algo.kl.init_coef > 0 (it logs 0 otherwise): set --algo.kl.init_coef, or "
+            "--monitor.kl_source old (the KL to the previous policy), or leave --monitor.kl_bound out"
+        )
     if cfg.greso.enable and n < 2:
         raise ValueError("--greso.enable needs --rollout.n_samples_per_prompt >= 2 (it predicts collapsed groups)")
     max_len, new_tokens = args.data.max_len, args.rollout.max_new_tokens
     if max_len is not None and new_tokens is not None and max_len <= new_tokens:
         # vLLM refuses such requests only after start-up, inside the engine actor
-        raise ValueError(f"--data.max_len {max_len} (prompt + response) leaves no room for a prompt beside "
-                         f"--rollout.max_new_tokens {new_tokens}")  # fmt: skip
+        raise ValueError(
+            f"--data.max_len {max_len} (prompt + response) leaves no room for a prompt beside "
+            f"--rollout.max_new_tokens {new_tokens}"
+        )
     if cfg.dynamic.std_filter:
         if args.algo.dynamic_filtering_enable:
             raise ValueError("use either --dynamic.std_filter or --algo.dynamic_filtering_enable, not both")

@@ -103,15 +103,26 @@ class RemedyExperienceMaker(TokenLevelExperienceMixin, RemoteExperienceMaker):
         """OpenRLHF's per-token step for its group-baseline estimators, on our per-sample
         advantages: KL penalty and reward clipping (``compute_reward``), undiscounted cumulative
         returns (OpenRLHF forces gamma 1 for these estimators), advantages = returns."""
-        reward = compute_reward(sample_advantage, self.kl_ctl.value, e.kl, action_mask=e.action_mask,
-                                reward_clip_range=self.strategy.args.reward.clip_range)  # fmt: skip
+        reward = compute_reward(
+            sample_advantage,
+            self.kl_ctl.value,
+            e.kl,
+            action_mask=e.action_mask,
+            reward_clip_range=self.strategy.args.reward.clip_range,
+        )
         e.returns = self.get_cumulative_returns(reward, e.action_mask, 1.0)
         e.advantages = e.returns.clone()
         e.info["return"] = reward.sum(dim=-1)
         e.kl = None
 
-    def _by_level(self, names: list[str] | None, raw: torch.Tensor, shaped: torch.Tensor,
-                  adv: torch.Tensor | None, scored: torch.Tensor | None = None) -> dict[str, float]:  # fmt: skip
+    def _by_level(
+        self,
+        names: list[str] | None,
+        raw: torch.Tensor,
+        shaped: torch.Tensor,
+        adv: torch.Tensor | None,
+        scored: torch.Tensor | None = None,
+    ) -> dict[str, float]:
         """Raw and effective ACR per datasource (e.g. per arithmetic level) when the data has one."""
         if not names or len(names) != raw.shape[0] or set(names) == {"default"}:
             return {}  # no datasource field in the data

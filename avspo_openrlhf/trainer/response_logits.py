@@ -55,12 +55,32 @@ class ResponseLogitsActor(Actor):
         finally:
             self.entropy_rows = self.kept_entropy = None
 
-    def forward(self, sequences, action_mask=None, attention_mask=None, return_output=False,
-                allgather_logits=False, return_logprobs=False, ring_attn_group=None, packed_seq_lens=None,
-                return_entropy=False, **mm_inputs):  # fmt: skip
+    def forward(
+        self,
+        sequences,
+        action_mask=None,
+        attention_mask=None,
+        return_output=False,
+        allgather_logits=False,
+        return_logprobs=False,
+        ring_attn_group=None,
+        packed_seq_lens=None,
+        return_entropy=False,
+        **mm_inputs,
+    ):
         if action_mask is None or return_logprobs or allgather_logits or ring_attn_group is not None or mm_inputs:
-            return super().forward(sequences, action_mask, attention_mask, return_output, allgather_logits,
-                                   return_logprobs, ring_attn_group, packed_seq_lens, return_entropy, **mm_inputs)  # fmt: skip
+            return super().forward(
+                sequences,
+                action_mask,
+                attention_mask,
+                return_output,
+                allgather_logits,
+                return_logprobs,
+                ring_attn_group,
+                packed_seq_lens,
+                return_entropy,
+                **mm_inputs,
+            )
         a = action_mask.shape[1]
         position_ids = attention_mask.long().cumsum(-1) - 1  # as OpenRLHF's forward, for left padding
         position_ids.masked_fill_(attention_mask == 0, 1)

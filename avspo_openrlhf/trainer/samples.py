@@ -200,9 +200,14 @@ class RemedySamplesGenerator(SamplesGenerator):
             pass_rate /= self.args.rollout.n_samples_per_prompt
         elif self.cfg.dynamic.std_filter and consumed:
             pass_rate = 100.0 * self._last_kept_groups / consumed
-        _update_meta(samples, gen_idle_s=idle, gen_t0=t0, gen_t1=self._last_end,
-                     gen_tokens=self._call_tokens / len(samples) if samples else 0.0,
-                     gen_metrics=tuple(sorted(metrics.items())))  # fmt: skip
+        _update_meta(
+            samples,
+            gen_idle_s=idle,
+            gen_t0=t0,
+            gen_t1=self._last_end,
+            gen_tokens=self._call_tokens / len(samples) if samples else 0.0,
+            gen_metrics=tuple(sorted(metrics.items())),
+        )
         return samples, pass_rate, consumed, exhausted
 
     def _after_call(self, **generate_kwargs) -> dict[str, float]:
@@ -224,8 +229,9 @@ class RemedySamplesGenerator(SamplesGenerator):
             self._training_call = self._auditing = True  # counted apart, never trained on
             self._audit_tokens = 0
             try:
-                out, _, _ = SamplesGenerator._generate_vllm(self, iter([(None, prompts, labels, images)]), len(prompts),
-                                                            False, **generate_kwargs)  # fmt: skip
+                out, _, _ = SamplesGenerator._generate_vllm(
+                    self, iter([(None, prompts, labels, images)]), len(prompts), False, **generate_kwargs
+                )
             finally:
                 self._training_call = self._auditing = False
             rewards = torch.cat([e.rewards for e in out]).float().reshape(-1, n)
@@ -241,8 +247,9 @@ class RemedySamplesGenerator(SamplesGenerator):
         if self.args.vllm.enable_sleep:
             batch_vllm_engine_call(self.vllm_engines, "wake_up")
         try:
-            samples, _, _ = self._generate_vllm(iter(self.eval_dataloader), max(1, len(self.eval_dataloader.dataset)),
-                                                False, **generate_kwargs)  # fmt: skip
+            samples, _, _ = self._generate_vllm(
+                iter(self.eval_dataloader), max(1, len(self.eval_dataloader.dataset)), False, **generate_kwargs
+            )
         finally:
             if self.args.vllm.enable_sleep:
                 batch_vllm_engine_call(self.vllm_engines, "sleep")

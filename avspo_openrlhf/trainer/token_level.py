@@ -69,8 +69,14 @@ class TokenRequest:
     config: Any  # its config, as the experience maker's controller holds it
 
 
-def log_probs_and_entropy(actor, sequences: torch.Tensor, action_mask: torch.Tensor, attention_mask: torch.Tensor,
-                          rows: torch.Tensor, **kwargs) -> ForwardWithEntropy:  # fmt: skip
+def log_probs_and_entropy(
+    actor,
+    sequences: torch.Tensor,
+    action_mask: torch.Tensor,
+    attention_mask: torch.Tensor,
+    rows: torch.Tensor,
+    **kwargs,
+) -> ForwardWithEntropy:
     """One forward of OpenRLHF's ``Actor`` (call it under ``no_grad``): the ``[B, A]`` action log-probs
     and, for the rows where ``rows`` (``[B]`` bool) is set, the ``[R, A]`` full-vocabulary entropy of
     each response token under the temperature-scaled policy that sampled it (only those rows: OpenRLHF's
@@ -78,8 +84,9 @@ def log_probs_and_entropy(actor, sequences: torch.Tensor, action_mask: torch.Ten
     (``ring_attn_group``, multimodal inputs)."""
     packed = bool(getattr(actor, "packing_samples", False))
     # packed sequences come back as one row: let OpenRLHF unpack its own entropies (every row)
-    log_probs, output = actor(sequences, action_mask, attention_mask, return_output=True,
-                              return_entropy=packed, **kwargs)  # fmt: skip
+    log_probs, output = actor(
+        sequences, action_mask, attention_mask, return_output=True, return_entropy=packed, **kwargs
+    )
     a = action_mask.shape[1]
     idx = rows.to(log_probs.device).nonzero().flatten()
     if packed:
@@ -99,10 +106,14 @@ def zero_variance_rows(samples_list, args, tol: float, reward_range: tuple[float
     if samples_list[0].rewards is None:
         return [torch.ones(len(s.sequences), dtype=torch.bool, device="cpu") for s in samples_list]
     preview = [
-        SimpleNamespace(rewards=s.rewards.to(torch.promote_types(s.rewards.dtype, torch.float32)).clone(),
-                        response_length=s.response_length, truncated=s.truncated, info={})
+        SimpleNamespace(
+            rewards=s.rewards.to(torch.promote_types(s.rewards.dtype, torch.float32)).clone(),
+            response_length=s.response_length,
+            truncated=s.truncated,
+            info={},
+        )
         for s in samples_list
-    ]  # fmt: skip
+    ]
     apply_length_penalties(preview, args)
     order, sizes = group_order(samples_list), [len(s.index) for s in samples_list]
     sign = zero_variance_sign(to_groups([p.rewards for p in preview], order, n), tol, reward_range)
@@ -153,8 +164,7 @@ class TokenLevelExperienceMixin:
         # make_experience's forward calls: the policy's carries the entropy request
         if group is not self.actor_model_group or self._entropy_rows is None:
             return super()._dispatch_forward(group, sync_condition, **kwargs)
-        self._entropy_refs = super()._dispatch_forward(group, sync_condition, entropy_rows=self._entropy_rows,
-                                                       **kwargs)  # fmt: skip
+        self._entropy_refs = super()._dispatch_forward(group, sync_condition, entropy_rows=self._entropy_rows, **kwargs)
         return self._entropy_refs
 
     def _flatten_results(self, refs, duplicate_factor):
@@ -164,8 +174,9 @@ class TokenLevelExperienceMixin:
         self._entropies = [r.entropy for r in out]  # ForwardWithEntropy, one per micro-batch
         return [r.log_probs for r in out]
 
-    def add_token_advantages(self, experiences, shaped: torch.Tensor, order: torch.Tensor,
-                             sizes: list[int]) -> dict[str, float]:  # fmt: skip
+    def add_token_advantages(
+        self, experiences, shaped: torch.Tensor, order: torch.Tensor, sizes: list[int]
+    ) -> dict[str, float]:
         """The estimator's token advantages added on the zero-variance groups' responses (advantages
         and returns), from the entropies :meth:`make_experience` kept; or, where they come from the
         training forward, a :class:`TokenRequest` per response. Works on experiences on any device."""
@@ -213,8 +224,15 @@ class TokenEntropyMixin:
     :class:`~avspo_openrlhf.trainer.response_logits.ResponseLogitsMixin`): its ``forward`` answers
     :class:`TokenLevelExperienceMixin`'s entropy request."""
 
-    def forward(self, sequences, action_mask=None, attention_mask=None, packed_seq_lens=None,
-                mm_train_inputs_list=None, entropy_rows=None):  # fmt: skip
+    def forward(
+        self,
+        sequences,
+        action_mask=None,
+        attention_mask=None,
+        packed_seq_lens=None,
+        mm_train_inputs_list=None,
+        entropy_rows=None,
+    ):
         """OpenRLHF's ``forward`` (no-grad action log-probs). With ``entropy_rows`` (``[B]`` bool) the
         same pass also returns those rows' response-token entropies, as a :class:`ForwardWithEntropy`."""
         if entropy_rows is None:
@@ -226,9 +244,15 @@ class TokenEntropyMixin:
         self.actor.eval()
         try:
             with torch.no_grad():
-                out = log_probs_and_entropy(self.actor, sequences.to(device), action_mask.to(device),
-                                            attention_mask.to(device), entropy_rows,
-                                            ring_attn_group=self.strategy.ring_attn_group, **mm_inputs)  # fmt: skip
+                out = log_probs_and_entropy(
+                    self.actor,
+                    sequences.to(device),
+                    action_mask.to(device),
+                    attention_mask.to(device),
+                    entropy_rows,
+                    ring_attn_group=self.strategy.ring_attn_group,
+                    **mm_inputs,
+                )
         finally:
             self.actor.train()
         return ForwardWithEntropy(out.log_probs.to("cpu"), out.entropy.to("cpu"))
@@ -241,9 +265,14 @@ class TokenEntropyMixin:
         self.actor.eval()
         try:
             with torch.no_grad():
-                _, output = self.actor(sequences.to(device), action_mask.to(device), attention_mask.to(device),
-                                       ring_attn_group=self.strategy.ring_attn_group, return_output=True,
-                                       return_entropy=True)  # fmt: skip
+                _, output = self.actor(
+                    sequences.to(device),
+                    action_mask.to(device),
+                    attention_mask.to(device),
+                    ring_attn_group=self.strategy.ring_attn_group,
+                    return_output=True,
+                    return_entropy=True,
+                )
         finally:
             self.actor.train()
         entropy = output.entropy[:, -action_mask.shape[1] :]

@@ -78,9 +78,14 @@ def attach_samples_generator(owner, strategy, vllm_engines, tokenizer, **hooks) 
     ``version_fn``/``requeue_fn``/``stop_fn``. OpenRLHF checkpoints the dataloader's state_dict:
     GRESO's history travels inside it."""
     seed_prompt_order(owner.prompts_dataloader, strategy.args.train.seed)
-    owner.samples_generator = RemedySamplesGenerator(strategy=strategy, prompts_dataloader=owner.prompts_dataloader,
-                                                     eval_dataloader=owner.eval_dataloader, tokenizer=tokenizer,
-                                                     vllm_engines=vllm_engines, **hooks)  # fmt: skip
+    owner.samples_generator = RemedySamplesGenerator(
+        strategy=strategy,
+        prompts_dataloader=owner.prompts_dataloader,
+        eval_dataloader=owner.eval_dataloader,
+        tokenizer=tokenizer,
+        vllm_engines=vllm_engines,
+        **hooks,
+    )
     owner.prompts_dataloader = owner.samples_generator.state_with_extras(owner.prompts_dataloader)
 
 
@@ -103,8 +108,14 @@ class RemedyTrainerMixin(StopPolicyMixin, StalenessMixin, RemedyStateMixin):
         self.controller = self.experience_maker.controller
         self.policy_version = 0  # trainer step whose weights the rollout engines hold
         # cumulative async/dynamic-sampling counters, checkpointed with the controller
-        self.counters = dict(trained_batches=0, dropped_stale_batches=0, requeued_prompts=0, generated=0.0, trained=0,
-                             generated_tokens=0.0)  # fmt: skip
+        self.counters = dict(
+            trained_batches=0,
+            dropped_stale_batches=0,
+            requeued_prompts=0,
+            generated=0.0,
+            trained=0,
+            generated_tokens=0.0,
+        )
         self._idle_s = 0.0
         self._lock_wait_s = 0.0  # this step's wait for the engine lock before its weight sync (async)
         self.stop_reason = ""  # set when --monitor.stop_on_alarm fires
@@ -188,11 +199,28 @@ class RemedyTrainerMixin(StopPolicyMixin, StalenessMixin, RemedyStateMixin):
 
 
 class _PPOTrainer(RemedyTrainerMixin, PPOTrainer.__ray_actor_class__):
-    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                 reference_model_group, vllm_engines, **generate_kwargs):  # fmt: skip
+    def __init__(
+        self,
+        pretrain,
+        strategy,
+        actor_model_group,
+        critic_model_group,
+        reward_model_group,
+        reference_model_group,
+        vllm_engines,
+        **generate_kwargs,
+    ):
         check_wandb_key_in_env(strategy.args)  # before OpenRLHF's WandbLogger logs in
-        super().__init__(pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                         reference_model_group, vllm_engines, **generate_kwargs)  # fmt: skip
+        super().__init__(
+            pretrain,
+            strategy,
+            actor_model_group,
+            critic_model_group,
+            reward_model_group,
+            reference_model_group,
+            vllm_engines,
+            **generate_kwargs,
+        )
         self._remedy_setup()
         attach_samples_generator(self, strategy, vllm_engines, self.tokenizer, version_fn=lambda: self.policy_version)
 
@@ -253,14 +281,36 @@ class _TimedQueue:
 
 
 class _GenerateSamplesActor(_async.GenerateSamplesActor.__ray_actor_class__):
-    def __init__(self, pretrain, strategy, vllm_engines, *, vllm_lock, rollout_queue, rollout_slots, coordinator,
-                 **generate_kwargs):  # fmt: skip
-        super().__init__(pretrain, strategy, vllm_engines, vllm_lock=vllm_lock, rollout_queue=rollout_queue,
-                         rollout_slots=rollout_slots, **generate_kwargs)  # fmt: skip
-        attach_samples_generator(self, strategy, vllm_engines, self.samples_generator.tokenizer,
-                                 version_fn=lambda: ray.get(coordinator.get_version.remote()),
-                                 requeue_fn=lambda: ray.get(coordinator.take_requeued.remote()),
-                                 stop_fn=lambda: ray.get(coordinator.should_stop.remote()))  # fmt: skip
+    def __init__(
+        self,
+        pretrain,
+        strategy,
+        vllm_engines,
+        *,
+        vllm_lock,
+        rollout_queue,
+        rollout_slots,
+        coordinator,
+        **generate_kwargs,
+    ):
+        super().__init__(
+            pretrain,
+            strategy,
+            vllm_engines,
+            vllm_lock=vllm_lock,
+            rollout_queue=rollout_queue,
+            rollout_slots=rollout_slots,
+            **generate_kwargs,
+        )
+        attach_samples_generator(
+            self,
+            strategy,
+            vllm_engines,
+            self.samples_generator.tokenizer,
+            version_fn=lambda: ray.get(coordinator.get_version.remote()),
+            requeue_fn=lambda: ray.get(coordinator.take_requeued.remote()),
+            stop_fn=lambda: ray.get(coordinator.should_stop.remote()),
+        )
 
 
 class _TrainingActor(RemedyTrainerMixin, _async.TrainingActor.__ray_actor_class__):
@@ -310,8 +360,17 @@ class _PPOTrainerAsync(_async.PPOTrainerAsync.__ray_actor_class__):
     rollout queue, slot tokens and vLLM lock as OpenRLHF 0.11.2's ``__init__``, our generator and
     training actors, and the :class:`AsyncCoordinator` both are given."""
 
-    def __init__(self, pretrain, strategy, actor_model_group, critic_model_group, reward_model_group,
-                 reference_model_group, vllm_engines, **generate_kwargs):  # fmt: skip
+    def __init__(
+        self,
+        pretrain,
+        strategy,
+        actor_model_group,
+        critic_model_group,
+        reward_model_group,
+        reference_model_group,
+        vllm_engines,
+        **generate_kwargs,
+    ):
         args = strategy.args
         if args.eval.steps == -1:
             args.eval.steps = float("inf")  # do not evaluate
@@ -328,8 +387,12 @@ class _PPOTrainerAsync(_async.PPOTrainerAsync.__ray_actor_class__):
         coordinator = (
             ray.remote(num_cpus=0)(AsyncCoordinator).options(name=f"avspo-coordinator-{uuid.uuid4().hex[:8]}").remote()
         )
-        shared = dict(vllm_lock=vllm_lock, rollout_queue=self.rollout_queue, rollout_slots=self.rollout_slots,
-                      coordinator=coordinator)  # fmt: skip
+        shared = dict(
+            vllm_lock=vllm_lock,
+            rollout_queue=self.rollout_queue,
+            rollout_slots=self.rollout_slots,
+            coordinator=coordinator,
+        )
         self.generator_actor = ray.remote(_GenerateSamplesActor).remote(
             pretrain=pretrain, strategy=strategy, vllm_engines=vllm_engines, **shared, **generate_kwargs
         )
