@@ -80,7 +80,7 @@ def test_avspo_train_offers_the_plugins_remedy_in_help_and_refuses_its_mistakes_
     assert "--qae.quantile" in out and "Quantile baseline (avspo-openrlhf)" in out and "--plugin" in out
     args = parse("--plugin", EXAMPLE, "--remedy", "qae", "--qae.quantile", "0.25")
     assert args.plugin == [str(ROOT / EXAMPLE)]  # absolute: Ray workers re-import it from another folder
-    ctrl = config.build_controller(args)
+    ctrl = config.controller_from_flags(args)
     assert ctrl.estimator == "qae" and ctrl.config == qae.QAEConfig(quantile=0.25)
     for flags, message in [
         (["--remedy", "qae", "--qae.quantile", "2"], "--qae.quantile must be in [0, 1], got 2.0"),

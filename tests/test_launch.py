@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from orl import parse
 
-from avspo_openrlhf.trainer.config import build_controller
+from avspo_openrlhf.trainer.config import controller_from_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = ROOT / "launch_scripts" / "slurm"
@@ -300,7 +300,7 @@ def test_every_config_parses_with_the_real_parser(path):
         assert args.algo.kl.use_loss and args.algo.kl.estimator == "k3" and args.reward.overlong_buffer_len == 256
     else:
         assert args.actor.eps_clip == 0.2 and args.algo.kl.init_coef == 0
-    ctrl = build_controller(args)  # the flags reach the algorithm
+    ctrl = controller_from_flags(args)  # the flags reach the algorithm
     if "_k-fixed-" in name:
         assert args.avspo.num_virtual == ctrl.config.num_virtual == int(name.rsplit("-", 1)[1])
     if "_tau-fixed-" in name:

@@ -133,14 +133,14 @@ def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():
     assert cfg.acr.window == 3 and cfg.monitor.stop_on_alarm == ("kl_drift", "acr_stall")
     with pytest.raises(FrozenInstanceError):
         cfg.remedy_config.alpha = 1.0
-    ctrl = config.build_controller(args)
+    ctrl = config.controller_from_flags(args)
     # the controller holds the typed configs themselves (tests/test_config_defaults.py checks that each
     # field changes what it does)
     assert ctrl.estimator == "avspo" and ctrl.config == cfg.remedy_config and ctrl.acr == cfg.acr
     assert ctrl.config.alpha == 0.7 and ctrl.config.num_virtual == 4
     assert ctrl.tracker.recent.maxlen == 3 and ctrl.entropy is None
     for remedy in ("ngrpo", "rl_zvp", "sign"):
-        ctrl = config.build_controller(parse("--remedy", remedy))
+        ctrl = config.controller_from_flags(parse("--remedy", remedy))
         assert ctrl.estimator == remedy and ctrl.config == type(ctrl.config)()  # its defaults
 
 

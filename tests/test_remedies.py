@@ -319,13 +319,13 @@ def test_only_the_chosen_remedys_options_are_read_and_its_defaults_fill_the_rest
     """One way to choose: ``--remedy``; another remedy's option is refused (not ignored), even at a
     valid value; the chosen remedy's config has its defaults where no flag was given."""
     from avspo_openrlhf.algo import NGRPOConfig
-    from avspo_openrlhf.trainer.config import build_controller
+    from avspo_openrlhf.trainer.config import controller_from_flags
 
     flags = _flags(tmp_path, _rows(tmp_path, GOOD))
     assert "--avspo.alpha is an option of --remedy avspo" in _fails(capsys, [*flags, "--remedy", "ngrpo", "--avspo.alpha", "0.5"])  # fmt: skip
-    controller = build_controller(run([*flags, "--remedy", "ngrpo", "--ngrpo.num_max", "2"], dry_run=True))
+    controller = controller_from_flags(run([*flags, "--remedy", "ngrpo", "--ngrpo.num_max", "2"], dry_run=True))
     assert controller.estimator == "ngrpo" and controller.config == NGRPOConfig(num_max=2)
-    assert build_controller(run(flags, dry_run=True)).estimator is None  # --remedy none: OpenRLHF's own
+    assert controller_from_flags(run(flags, dry_run=True)).estimator is None  # --remedy none: OpenRLHF's own
 
 
 def test_every_old_flag_spelling_fails_in_one_line_naming_the_new_one(tmp_path, capsys):

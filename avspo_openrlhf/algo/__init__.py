@@ -14,7 +14,8 @@ or, piece by piece::
     adv, info = group_advantages(R, "avspo", AVSPOConfig(), acr_gate=tracker.acr_gate, tau_adapt=threshold.tau)
     threshold.update(stats.acr, R.mean().item())
 
-A remedy is one registered estimator (:data:`ESTIMATORS`) plus its config class.
+A remedy is one registered estimator (:data:`ESTIMATORS`) plus its config class; every front-end
+assembles a run's remedy through :func:`build_configs` / :func:`build_controller` (``build.py``).
 """
 
 # importing the remedy modules registers their estimators
@@ -31,6 +32,7 @@ from .advantages import (
     group_advantages,
     register_estimator,
 )
+from .build import GENERIC, Names, RemedyConfigs, build_configs, build_controller, remedy_name, typed
 from .collapse import DEFAULT_TOL, CollapseStats, check_rewards, collapse_stats, dynamic_sampling_keep_mask
 from .controller import CollapseController
 from .greso import GRESOSelector, prompt_key
@@ -71,6 +73,7 @@ __all__ = [
     "ConsecutiveAlarm",
     "DEFAULT_TOL",
     "ESTIMATORS",
+    "GENERIC",
     "EntropyCollapseMonitor",
     "Estimator",
     "FIX_GROUPS",
@@ -80,13 +83,17 @@ __all__ = [
     "GroupContext",
     "KLDriftMonitor",
     "MonitorConfig",
+    "Names",
     "NGRPOConfig",
     "OptionError",
     "RLZVPConfig",
+    "RemedyConfigs",
     "STD_CONVENTIONS",
     "SignConfig",
     "VIRTUAL_STRATEGIES",
     "augmented_group_stats",
+    "build_configs",
+    "build_controller",
     "check_rewards",
     "collapse_stats",
     "default_config",
@@ -96,7 +103,9 @@ __all__ = [
     "prompt_key",
     "register_estimator",
     "register_virtual_strategy",
+    "remedy_name",
     "rl_zvp_token_advantages",
+    "typed",
     "virtual_rewards",
     "zero_variance_sign",
 ]

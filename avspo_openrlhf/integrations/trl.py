@@ -48,14 +48,14 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from avspo_openrlhf.algo import (
     ESTIMATORS,
     ACRConfig,
-    CollapseController,
     MonitorConfig,
     collapse_stats,
     zero_variance_sign,
 )
+from avspo_openrlhf.algo.build import Names, build_configs, build_controller, remedy_name, typed
 from avspo_openrlhf.algo.options import annotation
 
-from . import Names, _typed, base_advantages, build_configs, framework_metrics, remedy_groups, remedy_name
+from . import base_advantages, framework_metrics, remedy_groups
 
 TESTED_TRL = "1.16.0"
 # TRL's GRPO: (r - mean) / (nanstd + 1e-4), nanstd Bessel-corrected (trl/trainer/grpo_trainer.py)
@@ -123,7 +123,7 @@ def measure_acr(reward_func, num_generations: int, acr: ACRConfig | dict | None 
     g = num_generations
     if isinstance(g, bool) or not isinstance(g, int) or g < 2:
         raise ValueError(f"num_generations must be an integer >= 2 (a group needs two completions), got {g!r}")
-    cfg = acr if isinstance(acr, ACRConfig) else _typed(ACRConfig, acr, "acr", Names({"acr": "acr"}))
+    cfg = acr if isinstance(acr, ACRConfig) else typed(ACRConfig, acr, "acr", Names({"acr": "acr"}))
 
     def log(rewards, log_metric) -> None:
         if log_metric is None:
@@ -288,7 +288,7 @@ class GRPOConfig(_FlatOptions):
         if self.acr_reward_func is not None and not isinstance(self.acr_reward_func, str):
             raise ValueError(f"acr_reward_func must be a reward function's name, got {self.acr_reward_func!r}")
         self._check_trl_settings()
-        _, _, _, monitor = _configs(self)  # every option checked now, in the names set here (not after the model loads)
+        monitor = _configs(self).monitor  # every option checked now, in the names set here (not after the model loads)
         if monitor.kl_bound is not None:  # a bound on a KL TRL does not compute would never fire
             if self.beta == 0:
                 raise ValueError(
@@ -398,9 +398,8 @@ def _configs(args):
 
 def _controller_for(args) -> tuple[Any, str | None]:
     """The controller an (our or TRL's own) ``GRPOConfig`` describes; TRL's own config measures only."""
-    remedy, config, acr, monitor = _configs(args)
-    # a remedy config's own seed wins: CollapseController applies that rule itself
-    return CollapseController(remedy, config, acr=acr, monitor=monitor, seed=int(args.seed)), remedy
+    built = _configs(args)
+    return build_controller(built, seed=args.seed), built.remedy
 
 
 class GRPOTrainer(trl.GRPOTrainer):
@@ -410,7 +409,7 @@ class GRPOTrainer(trl.GRPOTrainer):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.controller, self.remedy = _controller_for(self.args)
-        self.stop_on_alarm = frozenset(_configs(self.args)[3].stop_on_alarm)
+        self.stop_on_alarm = frozenset(_configs(self.args).monitor.stop_on_alarm)
         self.stop_reason = ""  # set when an alarm of monitor_stop_on_alarm fires
         self._gathered_rewards: torch.Tensor | None = None
         self._token_inputs: dict | None = None

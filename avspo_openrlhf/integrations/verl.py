@@ -40,8 +40,9 @@ from verl.trainer.ppo import core_algos
 
 from avspo_openrlhf.algo import ESTIMATORS, CollapseController
 from avspo_openrlhf.algo.advantages import ON_REGISTER, Estimator
+from avspo_openrlhf.algo.build import Names, build_controller
 
-from . import Names, base_advantages, build_controller, framework_metrics, remedy_groups
+from . import base_advantages, framework_metrics, remedy_groups
 
 TESTED_VERL = "0.9.1"
 # verl's GRPO: (s - mean) / (torch.std + epsilon), epsilon 1e-6 as compute_advantage leaves it

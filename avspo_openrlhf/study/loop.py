@@ -58,10 +58,13 @@ import torch
 from avspo_openrlhf.algo import (
     ESTIMATORS,
     ACRConfig,
-    CollapseController,
     GRESOConfig,
     GRESOSelector,
+    Names,
+    build_configs,
+    build_controller,
     collapse_stats,
+    typed,
     zero_variance_sign,
 )
 from avspo_openrlhf.data.io import DataError, iter_raw
@@ -83,16 +86,10 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _build(cls, options: dict, where: str):
-    """``cls(**options)``, a wrong key named with ``where`` (the study's field) instead of a TypeError."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - names)
-    _require(not unknown, f"{where}: unknown option(s) {unknown} for {cls.__name__}; known: {sorted(names)}")
-    try:
-        cfg = cls(**options)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}: {e}") from None
-    return cfg
+# how the one builder (algo/build.py) names a study's option in an error: Arm.options['alpha']
+STUDY_NAMES = Names(
+    {"remedy": "Arm.options", "acr": "Settings.acr", "monitor": "Settings.monitor", "greso": "Arm.greso"}
+)
 
 
 @dataclass(frozen=True)
@@ -144,14 +141,10 @@ class Arm:
                 "Arm.greso.audit: the study loop does not roll out audits (their tokens would be charged to "
                 "the budget); use 0",
             )
-            _build(GRESOConfig, self.greso, "Arm.greso")
+            typed(GRESOConfig, self.greso, "greso", STUDY_NAMES)
 
     def estimator_config(self):
-        cls = ESTIMATORS[self.estimator].config
-        if cls is None:
-            _require(not self.options, f"Arm.options: estimator {self.estimator!r} takes no options")
-            return None
-        return _build(cls, self.options, f"Arm.options ({self.estimator})")
+        return build_configs(self.estimator, options=self.options, names=STUDY_NAMES).config
 
 
 @dataclass(frozen=True)
@@ -221,7 +214,7 @@ class Settings:
             self.reward in ("arith", "math") or ":" in self.reward,
             f"Settings.reward must be arith, math or module:function, got {self.reward!r}",
         )
-        _build(ACRConfig, self.acr, "Settings.acr")
+        typed(ACRConfig, self.acr, "acr", STUDY_NAMES)
 
 
 @dataclass(frozen=True)
@@ -793,8 +786,8 @@ class Run:
         self.format_score = format_reward(s.reward) if spec.arm.reward == "format" else None
         arm = spec.arm
         self.lr = arm.lr if arm.lr is not None else s.lr
-        self.controller = CollapseController(
-            arm.estimator, arm.estimator_config(), acr=ACRConfig(**s.acr), seed=spec.seed
+        self.controller = build_controller(
+            arm.estimator, options=arm.options, acr=s.acr, names=STUDY_NAMES, seed=spec.seed
         )
         self.engine = engine if engine is not None else HFEngine(spec, self.controller)
         self.policy = self.engine.policy  # the tokenizer (and, with its own engine, the model)

@@ -2,7 +2,8 @@
 which the flags, their ``--help`` texts and defaults are generated, and which check their own values
 when built (valid by construction); the typed view our components read (:func:`settings`, whose
 errors name the flag); the checks that span groups or concern OpenRLHF's flags (:func:`validate`);
-the controller the flags describe (:func:`build_controller`).
+the controller the flags describe (:func:`controller_from_flags`, through the algorithm layer's one builder,
+``algo/build.py``).
 
 Every flag is dotted like OpenRLHF's own (``--avspo.alpha``), so OpenRLHF's ``hierarchize`` turns
 them into ``args.avspo.alpha`` and they travel to every Ray actor inside ``strategy.args``.
@@ -26,12 +27,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from avspo_openrlhf.algo.advantages import ESTIMATORS
+from avspo_openrlhf.algo.build import Names, RemedyConfigs, build_controller, typed
 from avspo_openrlhf.algo.options import (  # the algorithm's groups live with the algorithm
     CHECK_KEYS,
     ACRConfig,
     GRESOConfig,
     MonitorConfig,
-    OptionError,
     Options,
     annotation,
     flag,
@@ -310,6 +311,14 @@ def _remedy_of(args) -> str | None:
     return remedy
 
 
+def flag_names(remedy: str | None = None) -> Names:
+    """How the one builder (``algo/build.py``) names an option in an error: by its flag,
+    ``--acr.window``, ``--avspo.alpha`` (the ``remedy`` section is the chosen remedy's group)."""
+    sections = {ns: f"--{ns}" for ns in [*FIXED_GROUPS, *remedy_configs()]}
+    sections["remedy"] = f"--{remedy}" if remedy else "--remedy"
+    return Names(sections, style="attr")
+
+
 def settings(args) -> Settings:
     """Our groups read from OpenRLHF's hierarchized ``args``, typed and frozen (lists become
     tuples), after importing the run's ``--plugin`` modules in this process. A group or field
@@ -323,21 +332,14 @@ def settings(args) -> Settings:
         group = getattr(args, ns, None)
         return vars(group) if isinstance(group, SimpleNamespace) else {}
 
+    remedy = _remedy_of(args)
+    names = flag_names(remedy)
+
     def build(ns: str, cls: type):
-        have = given(ns)
-        try:
-            return cls(
-                **{
-                    f.name: tuple(v) if isinstance(v := have[f.name], list) else v
-                    for f in fields(cls)
-                    if f.name in have
-                }
-            )
-        except OptionError as e:
-            raise ValueError(e.render(lambda name, ns=ns: f"--{ns}.{name}")) from None
+        have = given(ns)  # a namespace holds every field of its group once parsed: no unknown keys here
+        return typed(cls, {f.name: have[f.name] for f in fields(cls) if f.name in have}, ns, names)
 
     out = {ns: build(ns, cls) for ns, cls in FIXED_GROUPS.items()}
-    remedy = _remedy_of(args)
     for ns, cls in remedy_configs().items():
         set_here = [f.name for f in fields(cls) if f.name in given(ns)]
         if ns != remedy and set_here:
@@ -347,6 +349,11 @@ def settings(args) -> Settings:
             )
     cls = ESTIMATORS[remedy].config if remedy else None
     return Settings(**out, remedy=remedy, remedy_config=build(remedy, cls) if cls is not None else None)
+
+
+def remedy_configs_of(cfg: Settings) -> RemedyConfigs:
+    """The remedy part of the typed settings, as the one builder returns it."""
+    return RemedyConfigs(cfg.remedy, cfg.remedy_config, cfg.acr, cfg.monitor)
 
 
 # --reward.remote_url avspo:NAME -> the installed reward file's absolute path (configs and launch
@@ -513,16 +520,11 @@ def chosen_remedy(args) -> str | None:
     return settings(args).remedy
 
 
-def build_controller(args):
+def controller_from_flags(args):
     """The :class:`~avspo_openrlhf.algo.CollapseController` that ``args`` describe: the ACR and
-    monitor groups and the chosen remedy's group, as typed configs."""
-    from avspo_openrlhf.algo import CollapseController
-
-    cfg = settings(args)
-    remedy, config = cfg.remedy, cfg.remedy_config
-    # the run's seed; a remedy config's own seed (AVSPO's --avspo.seed) wins inside CollapseController
-    seed = getattr(getattr(args, "train", None), "seed", 0)
-    return CollapseController(remedy, config, acr=cfg.acr, monitor=cfg.monitor, seed=seed)
+    monitor groups and the chosen remedy's group, typed by :func:`settings`, through the one builder;
+    seeded by the run's seed (a remedy config's own seed wins: the controller's rule)."""
+    return build_controller(remedy_configs_of(settings(args)), seed=getattr(getattr(args, "train", None), "seed", 0))
 
 
 def build_greso(args):

@@ -19,7 +19,7 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 from avspo_openrlhf.algo import collapse_stats
 
-from .config import build_controller
+from .config import controller_from_flags
 from .groups import from_groups, group_order, to_groups
 from .old_log_probs import skips_old_log_prob_pass
 from .samples import BatchMeta
@@ -51,7 +51,7 @@ class RemedyExperienceMaker(TokenLevelExperienceMixin, RemoteExperienceMaker):
 
     def __init__(self, *args, controller=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.controller = controller if controller is not None else build_controller(self.args)
+        self.controller = controller if controller is not None else controller_from_flags(self.args)
         self.last_metrics: dict[str, float] = {}
         # no old-log-prob pass to ride on: a token-level remedy's entropies come from the training forward
         self._token_setup(skips_old_pass=skips_old_log_prob_pass(self.args))
