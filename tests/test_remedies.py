@@ -437,3 +437,26 @@ def test_greso_with_avspo_skips_stops_at_the_token_budget_and_resumes_its_histor
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_the_typed_settings_are_built_once_and_a_plugin_imported_once_per_process(tmp_path, monkeypatch):
+    """``--avspo.alpha`` becomes typed once: every reader of the run's flags in this process (the
+    validation, the trainer, the experience maker's controller) gets the one frozen object, and a
+    ``--plugin`` module runs once however often the flags are read."""
+    import builtins
+
+    from avspo_openrlhf.trainer.config import controller_from_flags, settings
+
+    plugin = tmp_path / "counted_plugin.py"
+    plugin.write_text("import builtins\nbuiltins.AVSPO_TEST_IMPORTS = getattr(builtins, 'AVSPO_TEST_IMPORTS', 0) + 1\n")
+    monkeypatch.setattr(builtins, "AVSPO_TEST_IMPORTS", 0, raising=False)
+    monkeypatch.delitem(sys.modules, "counted_plugin", raising=False)
+    flags = [*_flags(tmp_path, _rows(tmp_path, GOOD)), "--plugin", str(plugin), "--remedy", "avspo", "--avspo.alpha", "0.3"]  # fmt: skip
+    args = run(flags, dry_run=True)
+    first = settings(args)
+    assert settings(args) is first and first.remedy_config.alpha == 0.3
+    assert controller_from_flags(args).config is first.remedy_config  # the controller reads that object
+    assert builtins.AVSPO_TEST_IMPORTS == 1
+    args.avspo.alpha = 0.4  # other values are other settings, built once too
+    assert settings(args).remedy_config.alpha == 0.4 and settings(args) is settings(args) is not first
+    sys.modules.pop("counted_plugin", None)

@@ -237,6 +237,7 @@ def check_config(args) -> None:
                     }
                 ),
             )
+            config.keep_settings(args, chosen)
         if args.backend == "cpu":
             from avspo_openrlhf.cpu.backend import validate_cpu_args
 

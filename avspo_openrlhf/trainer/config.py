@@ -319,14 +319,44 @@ def flag_names(remedy: str | None = None) -> Names:
     return Names(sections, style="attr")
 
 
+# the typed settings built in this process, by what they were built from: every reader of one run's
+# flags (the validation, the trainer, the samples generator, the experience maker in a Ray worker)
+# gets the one frozen object, and the --plugin modules are imported once per process
+_BUILT: dict[tuple, Settings] = {}
+
+
+def _flag_values(args) -> tuple:
+    """What :func:`settings` reads from ``args``: the plugins, ``--remedy`` and our groups' values."""
+    spaces = [*FIXED_GROUPS, *remedy_configs()]
+    return (
+        repr(getattr(args, "plugin", None)),
+        repr(getattr(args, "remedy", None)),
+        *(repr(sorted(vars(g).items())) for ns in spaces if isinstance(g := getattr(args, ns, None), SimpleNamespace)),
+    )
+
+
 def settings(args) -> Settings:
     """Our groups read from OpenRLHF's hierarchized ``args``, typed and frozen (lists become
-    tuples), after importing the run's ``--plugin`` modules in this process. A group or field
+    tuples), after importing the run's ``--plugin`` modules in this process; built once per process
+    for the values ``args`` holds (a second call returns the same object). A group or field
     ``args`` lacks (objects built without our parser: tests, other launchers) takes its default.
     Each group's config checks its values when it is built (valid by construction): a mistake is
     one ``ValueError`` naming the flag, ``--avspo.alpha must be > 0, got -1.0``; so is an option of
     a remedy other than ``--remedy``'s."""
-    load_plugins(getattr(args, "plugin", None))
+    load_plugins(getattr(args, "plugin", None))  # first: a plugin's remedy adds a group to read
+    key = _flag_values(args)
+    if key not in _BUILT:
+        _BUILT[key] = _build_settings(args)
+    return _BUILT[key]
+
+
+def keep_settings(args, built: Settings) -> None:
+    """``built`` is what :func:`settings` returns for ``args`` as they are now (``check_config`` wrote
+    the remedy's every option back for the printed config: the same values, one object)."""
+    _BUILT[_flag_values(args)] = built
+
+
+def _build_settings(args) -> Settings:
 
     def given(ns: str) -> dict:
         group = getattr(args, ns, None)
