@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from avspo_openrlhf.algo import ESTIMATORS, ACRConfig, CollapseController, group_advantages, register_estimator
-from avspo_openrlhf.trainer import config
+from avspo_openrlhf.trainer import plugins
+from avspo_openrlhf.trainer.run_settings import controller_from_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = "examples/qae_remedy.py"
@@ -28,7 +29,7 @@ def qae(monkeypatch):
     """examples/qae_remedy.py loaded as ``--plugin`` loads it; every registry restored afterwards."""
     monkeypatch.chdir(ROOT)
     before = dict(ESTIMATORS)
-    config.load_plugins([EXAMPLE])
+    plugins.load_plugins([EXAMPLE])
     yield sys.modules["qae_remedy"]
     sys.modules.pop("qae_remedy", None)
     _restore_registries(before)
@@ -80,7 +81,7 @@ def test_avspo_train_offers_the_plugins_remedy_in_help_and_refuses_its_mistakes_
     assert "--qae.quantile" in out and "Quantile baseline (avspo-openrlhf)" in out and "--plugin" in out
     args = parse("--plugin", EXAMPLE, "--remedy", "qae", "--qae.quantile", "0.25")
     assert args.plugin == [str(ROOT / EXAMPLE)]  # absolute: Ray workers re-import it from another folder
-    ctrl = config.controller_from_flags(args)
+    ctrl = controller_from_flags(args)
     assert ctrl.estimator == "qae" and ctrl.config == qae.QAEConfig(quantile=0.25)
     for flags, message in [
         (["--remedy", "qae", "--qae.quantile", "2"], "--qae.quantile must be in [0, 1], got 2.0"),
@@ -248,7 +249,7 @@ def test_a_plugin_named_as_a_module_is_found_in_the_current_folder(tmp_path, mon
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     before = dict(ESTIMATORS)
     try:
-        config.load_plugins(["my_cwd_remedy"])
+        plugins.load_plugins(["my_cwd_remedy"])
         assert "cwd_remedy" in ESTIMATORS
     finally:
         sys.modules.pop("my_cwd_remedy", None)

@@ -80,9 +80,9 @@ def test_algorithm_defaults_equal_the_options():
     assert greso.p == {"easy": gr.p_easy, "hard": gr.p_hard} and greso.p_bounds == gr.p_bounds
     assert (greso.delta, greso.min_keep, greso.tol) == (gr.delta, gr.min_keep, acr.tol)
     # every remedy is one registry entry plus one config: its flag group (when it has one) is that config
-    from avspo_openrlhf.trainer.config import _remedy_choices, groups
+    from avspo_openrlhf.trainer.parser import groups, remedy_choices
 
-    assert _remedy_choices() == ["none", *ESTIMATORS]
+    assert remedy_choices() == ["none", *ESTIMATORS]
     assert all(groups()[name][1] is e.config for name, e in ESTIMATORS.items() if e.config is not None)
 
 
@@ -221,7 +221,7 @@ def test_every_flag_group_checks_itself_when_built_and_argparse_offers_the_same_
     import argparse
 
     from avspo_openrlhf.algo.options import OptionError
-    from avspo_openrlhf.trainer.config import add_args, flags, groups
+    from avspo_openrlhf.trainer.parser import add_args, flags, groups
 
     parser = add_args(argparse.ArgumentParser(add_help=False))
     outside = {">0": 0, ">=0": -1, ">=1": 0, ">=2": 1, "[0,1]": 1.5, "[0,1)": 1, "(0,1]": 0, "(0,1)": 1}

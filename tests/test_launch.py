@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from orl import parse
 
-from avspo_openrlhf.trainer.config import controller_from_flags
+from avspo_openrlhf.trainer.run_settings import controller_from_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = ROOT / "launch_scripts" / "slurm"

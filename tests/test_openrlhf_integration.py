@@ -14,7 +14,8 @@ from orl import experiences_with_kl, make_maker, parse, rollout_samples, sample_
 
 from avspo_openrlhf.algo import group_advantages
 from avspo_openrlhf.cli.train import main
-from avspo_openrlhf.trainer import config
+from avspo_openrlhf.trainer.parser import flags
+from avspo_openrlhf.trainer.run_settings import Settings, controller_from_flags, settings
 
 pytest.importorskip("openrlhf")
 from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  # noqa: E402
@@ -22,7 +23,7 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  #
 from avspo_openrlhf.trainer.experience_maker import RemedyExperienceMaker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-OUR_FLAGS = ["--remedy", "--plugin", *(f for flags in config.flags().values() for f, _ in flags)]
+OUR_FLAGS = ["--remedy", "--plugin", *(f for flags in flags().values() for f, _ in flags)]
 
 
 # ── CLI ──
@@ -125,22 +126,22 @@ def test_our_command_line_tools_refuse_flag_prefixes():
 def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():
     from dataclasses import FrozenInstanceError
 
-    assert config.settings(SimpleNamespace()) == config.Settings()  # args built without our parser
+    assert settings(SimpleNamespace()) == Settings()  # args built without our parser
     args = parse("--remedy", "avspo", "--avspo.alpha", "0.7", "--acr.window", "3", "--monitor.stop_on_alarm", "kl_drift",
                  "acr_stall", "--monitor.kl_bound", "0.1", "--avspo.num_virtual", "4", "--monitor.disable_entropy")  # fmt: skip
-    cfg = config.settings(args)
+    cfg = settings(args)
     assert cfg.remedy == "avspo" and cfg.remedy_config.alpha == 0.7 and cfg.remedy_config.strategy == "stratified"
     assert cfg.acr.window == 3 and cfg.monitor.stop_on_alarm == ("kl_drift", "acr_stall")
     with pytest.raises(FrozenInstanceError):
         cfg.remedy_config.alpha = 1.0
-    ctrl = config.controller_from_flags(args)
+    ctrl = controller_from_flags(args)
     # the controller holds the typed configs themselves (tests/test_config_defaults.py checks that each
     # field changes what it does)
     assert ctrl.estimator == "avspo" and ctrl.config == cfg.remedy_config and ctrl.acr == cfg.acr
     assert ctrl.config.alpha == 0.7 and ctrl.config.num_virtual == 4
     assert ctrl.tracker.recent.maxlen == 3 and ctrl.entropy is None
     for remedy in ("ngrpo", "rl_zvp", "sign"):
-        ctrl = config.controller_from_flags(parse("--remedy", remedy))
+        ctrl = controller_from_flags(parse("--remedy", remedy))
         assert ctrl.estimator == remedy and ctrl.config == type(ctrl.config)()  # its defaults
 
 

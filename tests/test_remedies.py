@@ -319,7 +319,7 @@ def test_only_the_chosen_remedys_options_are_read_and_its_defaults_fill_the_rest
     """One way to choose: ``--remedy``; another remedy's option is refused (not ignored), even at a
     valid value; the chosen remedy's config has its defaults where no flag was given."""
     from avspo_openrlhf.algo import NGRPOConfig
-    from avspo_openrlhf.trainer.config import controller_from_flags
+    from avspo_openrlhf.trainer.run_settings import controller_from_flags
 
     flags = _flags(tmp_path, _rows(tmp_path, GOOD))
     assert "--avspo.alpha is an option of --remedy avspo" in _fails(capsys, [*flags, "--remedy", "ngrpo", "--avspo.alpha", "0.5"])  # fmt: skip
@@ -329,7 +329,7 @@ def test_only_the_chosen_remedys_options_are_read_and_its_defaults_fill_the_rest
 
 
 def test_every_old_flag_spelling_fails_in_one_line_naming_the_new_one(tmp_path, capsys):
-    from avspo_openrlhf.trainer.config import renamed_flags
+    from avspo_openrlhf.trainer.parser import renamed_flags
 
     flags = _flags(tmp_path, _rows(tmp_path, GOOD))
     old_switches = {f"--{r}.enable" for r in ("avspo", "ngrpo", "rl_zvp", "sign")}
@@ -445,7 +445,7 @@ def test_the_typed_settings_are_built_once_and_a_plugin_imported_once_per_proces
     ``--plugin`` module runs once however often the flags are read."""
     import builtins
 
-    from avspo_openrlhf.trainer.config import controller_from_flags, settings
+    from avspo_openrlhf.trainer.run_settings import controller_from_flags, settings
 
     plugin = tmp_path / "counted_plugin.py"
     plugin.write_text("import builtins\nbuiltins.AVSPO_TEST_IMPORTS = getattr(builtins, 'AVSPO_TEST_IMPORTS', 0) + 1\n")

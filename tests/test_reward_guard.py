@@ -85,7 +85,7 @@ def test_avspo_train_wraps_user_files_only(user_file, tmp_path):
     from types import SimpleNamespace as NS
 
     from avspo_openrlhf.rewards import arith_reward
-    from avspo_openrlhf.trainer.config import guard_reward_files
+    from avspo_openrlhf.trainer.reward_files import guard_reward_files
 
     args = NS(reward=NS(remote_url=[user_file, arith_reward.__file__]), ckpt=NS(path=str(tmp_path / "ckpt")),
               run=NS(reward_timeout_s=5.0, reward_memory_mb=1024, reward_workers=3))  # fmt: skip

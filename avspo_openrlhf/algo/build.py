@@ -2,7 +2,7 @@
 monitor options, the seed, the names the user wrote) → typed configs (valid by construction) and a
 :class:`CollapseController`.
 
-``avspo-train`` (``trainer/config.py``: ``--avspo.alpha``), TRL (``integrations/trl.py``:
+``avspo-train`` (``trainer/run_settings.py``: ``--avspo.alpha``), TRL (``integrations/trl.py``:
 ``virtual_sample_alpha``, ``remedy_options['strategy']``), verl (``integrations/verl.py``:
 ``algorithm.avspo.alpha``) and the study loop (``study/loop.py``: ``Arm.options``) all build here,
 so an unknown option, a fixed one and a refused value read the same everywhere, each in the user's

@@ -1,7 +1,7 @@
 """The algorithm's options, one frozen dataclass per flag group: the single home of every default
 and every valid range of the pure math. ``avspo-train`` generates its ``--acr.*``, ``--avspo.*``,
 ``--ngrpo.*``, ``--rl_zvp.*``, ``--sign.*``, ``--greso.*`` and ``--monitor.*`` flags and their
-``--help`` from these fields (``trainer/config.py``). Each advantage estimator is registered with its
+``--help`` from these fields (``trainer/parser.py``). Each advantage estimator is registered with its
 own config class (``algo/advantages.py``) and reads only that;
 :class:`~avspo_openrlhf.algo.controller.CollapseController` takes the ACR config, the chosen
 estimator's config and the monitor config as they are.

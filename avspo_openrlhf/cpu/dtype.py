@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 
-from avspo_openrlhf.trainer.config import CPU_DTYPES  # the --cpu.dtype choices
+from avspo_openrlhf.trainer.flag_groups import CPU_DTYPES  # the --cpu.dtype choices
 
 VLLM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
 # /proc/cpuinfo names: x86 "flags" (AVX512-BF16, AMX-BF16) and Arm "Features" (FEAT_BF16)

@@ -71,7 +71,7 @@ from avspo_openrlhf.data.io import DataError, iter_raw
 from avspo_openrlhf.data.tasks import TEMPLATES, make_prompt
 from avspo_openrlhf.folder_lock import lock_folder
 from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
-from avspo_openrlhf.trainer.config import load_plugins
+from avspo_openrlhf.trainer.plugins import load_plugins
 
 # what an arm trains on: the task's verifier; a fair coin per completion (the noise floor: with ratio 1
 # and no clipping its expected gradient is zero); 1 for any extractable answer, whatever its value

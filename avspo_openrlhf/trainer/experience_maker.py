@@ -19,9 +19,9 @@ from openrlhf.trainer.ppo_utils.length_penalty import apply_length_penalties
 
 from avspo_openrlhf.algo import collapse_stats
 
-from .config import controller_from_flags
 from .groups import from_groups, group_order, to_groups
 from .old_log_probs import skips_old_log_prob_pass
+from .run_settings import controller_from_flags
 from .samples import BatchMeta
 from .token_level import TokenLevelExperienceMixin
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from avspo_openrlhf.algo import dynamic_sampling_keep_mask, prompt_key
 
-from .config import build_greso, settings
+from .run_settings import build_greso, settings
 
 
 @dataclass(frozen=True)

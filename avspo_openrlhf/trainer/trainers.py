@@ -25,9 +25,9 @@ from ray.util.queue import Queue
 
 from avspo_openrlhf.redaction import check_wandb_key_in_env
 
-from .config import settings
 from .experience_maker import RemedyExperienceMaker
 from .remedy_state import STATE_KEY, RemedyStateMixin
+from .run_settings import settings
 from .samples import BatchMeta, RemedySamplesGenerator
 from .staleness import StalenessMixin
 from .stop_policy import StopPolicyMixin

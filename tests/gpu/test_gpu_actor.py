@@ -66,14 +66,14 @@ def test_ppo_train_on_the_makers_advantages(tiny, tmp_path, zero_stage, remedy):
     needs_cuda_deepspeed()
     from orl import sample_advantage
 
-    from avspo_openrlhf.trainer.config import build_controller
+    from avspo_openrlhf.trainer.run_settings import controller_from_flags
 
     flags = [*REMEDY_FLAGS[remedy], "--acr.window", "1", "--acr.tau_init", "0.1"]
     args = actor_args(tiny, str(tmp_path / "ckpt"), zero_stage, *flags, g=G, n=2)
     actor = build_actor(args, tiny)
     assert {p.dtype for p in actor.actor.model.parameters()} == {torch.bfloat16}
     maker = maker_for(args, LocalGroup(actor))
-    expected = build_controller(args)  # the same controller, fed the same rewards
+    expected = controller_from_flags(args)  # the same controller, fed the same rewards
 
     forwards = []
     real_forward = actor.actor.forward
