@@ -101,7 +101,7 @@ def collapsed_group_table(g: int = 8) -> str:
     for comparison, of a mixed group with one right answer), from the estimators themselves."""
     import torch
 
-    from avspo_openrlhf.algo import ESTIMATORS, AVSPOConfig, GRPOConfig, NGRPOConfig, RLZVPConfig, group_advantages
+    from avspo_openrlhf.algo import ESTIMATORS, AVSPOConfig, GroupNormConfig, NGRPOConfig, RLZVPConfig, group_advantages
 
     rewards = torch.tensor([[1.0] * g, [0.0] * g, [1.0] + [0.0] * (g - 1)], dtype=torch.float64)
 
@@ -123,7 +123,7 @@ def collapsed_group_table(g: int = 8) -> str:
         f"| remedy | flag | all-right group | all-wrong group | mixed group, 1 of {g} right: right / wrong |",
         "| --- | --- | --- | --- | --- |",
         row("GRPO, population std (the paper's)", "`--remedy grpo`", "grpo"),
-        row("GRPO, unbiased std (OpenRLHF's `group_norm`)", "`--remedy none`", "grpo", GRPOConfig("unbiased", 1e-9)),
+        row("GRPO, unbiased std (OpenRLHF's `group_norm`)", "`--remedy none`", "grpo", GroupNormConfig("unbiased", 1e-9)),
         row("Dr. GRPO (centred only)", "`--remedy dr_grpo`", "dr_grpo"),
     ]
     rows += [

@@ -19,7 +19,7 @@ from pathlib import Path
 from avspo_openrlhf.algo import ESTIMATORS
 from avspo_openrlhf.data.io import write_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
-from avspo_openrlhf.study.loop import Arm, Run, RunSpec, Settings
+from avspo_openrlhf.study.loop import Arm, Run, RunSpec, StudySettings
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> dict:
     write_jsonl(synthetic_arithmetic(4, ["add1", "mul1"], seed=1000), str(folder / "heldout.jsonl"))
     # the paper's AVSPO defaults (AVSPOConfig()); tau_init 0.25 opens the gate on this small task
     # (docs/algorithm.md#gate), a 5-step window smooths ACR_gate
-    settings = Settings(group_size=args.G, prompts_per_step=args.prompts, max_new_tokens=args.max_new_tokens,
+    settings = StudySettings(group_size=args.G, prompts_per_step=args.prompts, max_new_tokens=args.max_new_tokens,
                         temperature=args.temperature, lr=args.lr, token_budget=10**9, max_steps=args.steps,
                         acr={"tau_init": 0.25, "window": 5}, final_eval=False, ckpt_every=0)  # fmt: skip
     run = Run(RunSpec(args.remedy, args.seed, Arm(args.remedy), settings, model, str(folder / "train.jsonl"),

@@ -1,4 +1,4 @@
-"""Rewards for the study loop's tests on the tiny random model (``Settings.reward``
+"""Rewards for the study loop's tests on the tiny random model (``StudySettings.reward``
 ``study_reward:<name>``; the tests put this folder on the path of the runs they start)."""
 
 from __future__ import annotations

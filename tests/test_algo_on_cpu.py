@@ -14,7 +14,7 @@ from avspo_openrlhf.algo import (
     AdaptiveThreshold,
     AVSPOConfig,
     EntropyCollapseMonitor,
-    GRPOConfig,
+    GroupNormConfig,
     KLDriftMonitor,
     collapse_stats,
     dynamic_sampling_keep_mask,
@@ -90,7 +90,7 @@ def test_group_size_one():
     adv, info = group_advantages(r, "avspo", tau_adapt=0.5)  # gate = batch ACR = 1
     assert adv[0, 0] > 0 > adv[1, 0] and info["num_virtual_k"] == 1
     with pytest.raises(ValueError, match="G >= 2"):
-        group_advantages(r, "grpo", GRPOConfig(std_convention="unbiased"))
+        group_advantages(r, "grpo", GroupNormConfig(std_convention="unbiased"))
 
 
 def test_dynamic_sampling_keep_mask_on_std():
@@ -194,7 +194,7 @@ def random_batch(n, g, seed, collapsed_frac=0.4, binary=True):
 @pytest.mark.parametrize("strategy", sorted(VIRTUAL_STRATEGIES))
 def test_gate_closed_is_grpo_bit_for_bit(std, strategy):
     r = random_batch(257, 8, seed=1)
-    grpo, _ = group_advantages(r, "grpo", GRPOConfig(std_convention=std))
+    grpo, _ = group_advantages(r, "grpo", GroupNormConfig(std_convention=std))
     for gate, tau in [(0.3, 0.5), (0.5, 0.5), (0.0, 0.1)]:  # acr_gate <= tau_adapt: closed
         avspo, info = group_advantages(
             r, "avspo", AVSPOConfig(std_convention=std, strategy=strategy), acr_gate=gate, tau_adapt=tau
@@ -217,7 +217,7 @@ def test_mixed_batch_matches_naive_reference(std, strategy):
     k = info["num_virtual_k"]
     assert k == num_virtual(8, 0.6, strategy=strategy)
     assert stats.num_all_right > 0 and stats.num_all_wrong > 0 and not stats.collapsed.all()
-    grpo, _ = group_advantages(r, "grpo", GRPOConfig(std_convention=std))
+    grpo, _ = group_advantages(r, "grpo", GroupNormConfig(std_convention=std))
     coll = stats.collapsed
     assert torch.equal(adv[~coll], grpo[~coll])  # non-collapsed groups are untouched, bit for bit
     v = virtual_rewards(r.mean(1), stats.all_right, k, strategy, generator=ref_gen)
@@ -484,7 +484,7 @@ from avspo_openrlhf.algo import (  # noqa: E402
     RLZVPConfig,
     SignConfig,
 )
-from avspo_openrlhf.algo import GRPOConfig as GroupNorm  # noqa: E402
+from avspo_openrlhf.algo import GroupNormConfig as GroupNorm  # noqa: E402
 
 OPTION_CLASSES = [ACRConfig, AVSPOConfig, NGRPOConfig, RLZVPConfig, SignConfig, GroupNorm, GRESOConfig, MonitorConfig]
 

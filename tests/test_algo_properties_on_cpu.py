@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from avspo_openrlhf.algo import VIRTUAL_STRATEGIES, AVSPOConfig, GRPOConfig, group_advantages
+from avspo_openrlhf.algo import VIRTUAL_STRATEGIES, AVSPOConfig, GroupNormConfig, group_advantages
 
 STRATEGIES = sorted(VIRTUAL_STRATEGIES)
 
@@ -25,7 +25,7 @@ def binary_batches(draw):
     std=st.sampled_from(["population", "unbiased"]),
 )
 def test_non_collapsed_groups_unchanged_and_signs(r, strategy, gate, std):
-    grpo, _ = group_advantages(r, "grpo", GRPOConfig(std_convention=std))
+    grpo, _ = group_advantages(r, "grpo", GroupNormConfig(std_convention=std))
     adv, info = group_advantages(
         r,
         "avspo",
@@ -57,7 +57,7 @@ def test_non_collapsed_groups_unchanged_and_signs(r, strategy, gate, std):
 )
 def test_affine_reward_invariance(r, scale, shift, strategy, estimator):
     """Advantages do not change when rewards and their range are mapped by r -> a r + b (a > 0)."""
-    cfg = AVSPOConfig(strategy=strategy, eps=1e-9) if estimator == "avspo" else GRPOConfig(eps=1e-9)
+    cfg = AVSPOConfig(strategy=strategy, eps=1e-9) if estimator == "avspo" else GroupNormConfig(eps=1e-9)
     base, _ = group_advantages(r, estimator, cfg, acr_gate=0.9)
     moved, _ = group_advantages(r * scale + shift, estimator, cfg, acr_gate=0.9, reward_range=(shift, scale + shift))
     assert torch.allclose(base, moved, atol=2e-4)
@@ -67,7 +67,7 @@ def test_affine_reward_invariance(r, scale, shift, strategy, estimator):
 @given(n=st.integers(1, 20), g=st.integers(2, 9), seed=st.integers(0, 2**31 - 1))
 def test_grpo_zero_mean_unit_std_on_continuous_rewards(n, g, seed):
     r = torch.rand(n, g, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 3
-    adv, info = group_advantages(r, "grpo", GRPOConfig(eps=0.0))
+    adv, info = group_advantages(r, "grpo", GroupNormConfig(eps=0.0))
     assert info["acr"] == 0.0
     assert torch.allclose(adv.mean(1), torch.zeros(n, dtype=torch.float64), atol=1e-6)
     assert torch.allclose(adv.std(1, correction=0), torch.ones(n, dtype=torch.float64), atol=1e-6)

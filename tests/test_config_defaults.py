@@ -18,7 +18,7 @@ from avspo_openrlhf.algo import options
 ROOT = Path(__file__).resolve().parents[1]
 ALGO = ROOT / "avspo_openrlhf" / "algo"
 OPTION_CLASSES = [options.ACRConfig, options.AVSPOConfig, options.MonitorConfig, options.NGRPOConfig,
-                  options.RLZVPConfig, options.SignConfig, options.GRPOConfig, options.GRESOConfig]  # fmt: skip
+                  options.RLZVPConfig, options.SignConfig, options.GroupNormConfig, options.GRESOConfig]  # fmt: skip
 FIELD_NAMES = {f.name for c in OPTION_CLASSES for f in dataclasses.fields(c)} - {"seed", "enable"}
 # parameter names of algo/ that mean an option under another name
 ALIASES = {"tau_adapt", "bounds", "threshold", "patience", "ema_decay", "tau_bounds"}

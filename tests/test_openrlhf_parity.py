@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from avspo_openrlhf.algo import GRPOConfig, group_advantages
+from avspo_openrlhf.algo import GroupNormConfig, group_advantages
 
 experience_maker = pytest.importorskip("openrlhf.trainer.ppo_utils.experience_maker")
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
@@ -48,7 +48,7 @@ def openrlhf_group_norm(rewards: torch.Tensor, micro_batch: int = 4, seed: int =
 @pytest.mark.parametrize("g", [2, 4, 8])
 def test_grpo_unbiased_equals_openrlhf_group_norm(g):
     rewards = torch.rand(16, g, generator=torch.Generator().manual_seed(g))
-    ours, _ = group_advantages(rewards, "grpo", GRPOConfig(std_convention="unbiased", eps=1e-9))
+    ours, _ = group_advantages(rewards, "grpo", GroupNormConfig(std_convention="unbiased", eps=1e-9))
     theirs = openrlhf_group_norm(rewards)
     assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-6)
 
@@ -57,6 +57,6 @@ def test_grpo_matches_openrlhf_on_binary_rewards_with_collapse():
     rewards = (torch.rand(32, 8, generator=torch.Generator().manual_seed(1)) < 0.5).float()
     rewards[:5] = 1.0
     rewards[5:10] = 0.0
-    ours, info = group_advantages(rewards, "grpo", GRPOConfig(std_convention="unbiased", eps=1e-9))
+    ours, info = group_advantages(rewards, "grpo", GroupNormConfig(std_convention="unbiased", eps=1e-9))
     assert info["acr"] >= 10 / 32
     assert torch.allclose(ours, openrlhf_group_norm(rewards), atol=1e-6)

@@ -16,7 +16,7 @@ from avspo_openrlhf.algo import (
     CollapseController,
     GRESOConfig,
     GRESOSelector,
-    GRPOConfig,
+    GroupNormConfig,
     NGRPOConfig,
     SignConfig,
     group_advantages,
@@ -73,7 +73,7 @@ def test_ngrpo_gated_is_grpo_while_the_gate_is_closed_and_the_controller_runs_it
     closed, info = group_advantages(
         rewards, "ngrpo", NGRPOConfig(std_convention="unbiased", eps=1e-6, gated=True), acr_gate=0.2, tau_adapt=0.5
     )
-    grpo, _ = group_advantages(rewards, "grpo", GRPOConfig(std_convention="unbiased", eps=1e-6))
+    grpo, _ = group_advantages(rewards, "grpo", GroupNormConfig(std_convention="unbiased", eps=1e-6))
     assert torch.equal(closed, grpo) and not info["gate_open"]
     opened, info = group_advantages(
         rewards, "ngrpo", NGRPOConfig(std_convention="unbiased", eps=1e-6, gated=True), acr_gate=0.7, tau_adapt=0.5
@@ -115,7 +115,7 @@ def test_rl_zvp_signs_and_entropy_scaling_on_a_hand_computed_group():
     # whose signal is the token part; none stays without signal
     c = CollapseController("rl_zvp")
     adv, m = c.step(rewards[:3])
-    grpo, _ = group_advantages(rewards[:3], "grpo", GRPOConfig(std_convention="unbiased", eps=1e-9))
+    grpo, _ = group_advantages(rewards[:3], "grpo", GroupNormConfig(std_convention="unbiased", eps=1e-9))
     assert torch.equal(adv, grpo) and m["acr"] == pytest.approx(2 / 3) and m["acr_effective"] == 0.0
     assert c.needs_entropy and torch.equal(c.token_advantages(h, mask, sign), a * 1.0)
     assert not CollapseController("avspo").needs_entropy

@@ -19,7 +19,7 @@ import torch
 
 from avspo_openrlhf import stats
 from avspo_openrlhf.study import loop
-from avspo_openrlhf.study.loop import Arm, RunSpec, Settings
+from avspo_openrlhf.study.loop import Arm, RunSpec, StudySettings
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, paired_t, per_seed_diffs, seeds_for_halfwidth
 from avspo_openrlhf.study.scheduler import Job, run_jobs
 
@@ -43,7 +43,7 @@ ARMS = {  # the study's arms (experiments/remedies_gpu/run.py) and each estimato
     "format-reward": Arm("grpo", reward="format"),
     "random-sign": Arm("grpo", control="random_sign"),
 }
-SMALL = Settings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=1.0, lr=1e-3, token_budget=150,
+SMALL = StudySettings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=1.0, lr=1e-3, token_budget=150,
                  reward="study_reward:parity", acr={"tau_init": 0.25, "window": 2}, eval_n=2, mid_eval_tokens=40,
                  mid_eval_problems=4, ckpt_every=2, micro_batch=4, gen_batch=16)  # fmt: skip
 
@@ -212,11 +212,11 @@ def test_a_failing_run_is_reported_and_the_others_finish(assets, tmp_path):
         (lambda: Arm("avspo", {"alfa": 0.5}), "alfa"),
         (lambda: Arm("grpo", reward="coin"), "Arm.reward"),
         (lambda: Arm("grpo", greso={"audit": 0.1}), "Arm.greso.audit"),
-        (lambda: Settings(group_size=1), "Settings.group_size"),
-        (lambda: Settings(token_budget=0), "Settings.token_budget"),
-        (lambda: Settings(dtype="fp16"), "Settings.dtype"),
-        (lambda: Settings(acr={"windoww": 3}), "windoww"),
-        (lambda: Settings(reward="nonsense"), "Settings.reward"),
+        (lambda: StudySettings(group_size=1), "StudySettings.group_size"),
+        (lambda: StudySettings(token_budget=0), "StudySettings.token_budget"),
+        (lambda: StudySettings(dtype="fp16"), "StudySettings.dtype"),
+        (lambda: StudySettings(acr={"windoww": 3}), "windoww"),
+        (lambda: StudySettings(reward="nonsense"), "StudySettings.reward"),
     ],
 )
 def test_a_mistake_is_refused_naming_the_field(build, field):
@@ -324,7 +324,7 @@ def test_the_report_is_generated_from_the_runs(tmp_path):
     assert "| AVSPO | 3 (3) | 75.0 ± 0.0 | +25.0 [+25.0, +25.0], p 0.250 (3) | 0.500 |" in text
     # tokens to target: a censored median over every seed (AVSPO never reached 50 %: beyond the budget)
     assert "| GRPO | 10.0 ± 0.0 | 1,000 ± 0 | 1,000 (3/3) |" in text and "> 1,000 (0/3)" in text
-    assert "NVIDIA H100 80GB HBM3 (6 runs)" in text and "Settings hash h1" in text
+    assert "NVIDIA H100 80GB HBM3 (6 runs)" in text and "StudySettings hash h1" in text
     summary = json.loads((tmp_path / "pub" / "results.json").read_text())["summary"]
     assert summary["AVSPO"]["vs_GRPO"]["seeds"] == 3 and (tmp_path / "pub" / "accuracy_vs_tokens.png").exists()
 

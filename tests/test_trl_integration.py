@@ -44,7 +44,7 @@ from avspo_openrlhf.algo import (  # noqa: E402
     rl_zvp_token_advantages,
     zero_variance_sign,
 )
-from avspo_openrlhf.algo import GRPOConfig as GroupNorm  # noqa: E402
+from avspo_openrlhf.algo import GroupNormConfig as GroupNorm  # noqa: E402
 from avspo_openrlhf.algo.options import STRATEGIES  # noqa: E402
 from avspo_openrlhf.cpu.tiny import build_tiny_model  # noqa: E402
 from avspo_openrlhf.integrations import trl as acr_trl  # noqa: E402

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .collapse import DEFAULT_REWARD_RANGE, DEFAULT_TOL, CollapseStats, _check_shape, _classify, group_moments
-from .options import STD_CONVENTIONS, ACRConfig, GRPOConfig
+from .options import STD_CONVENTIONS, ACRConfig, GroupNormConfig
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,8 @@ def grpo_affine(stats: CollapseStats, std_convention: str, eps: float) -> tuple[
     return scale, -stats.mean * scale
 
 
-@register_estimator("grpo", GRPOConfig)
-def _grpo(stats: CollapseStats, cfg: GRPOConfig, ctx: GroupContext):
+@register_estimator("grpo", GroupNormConfig)
+def _grpo(stats: CollapseStats, cfg: GroupNormConfig, ctx: GroupContext):
     return *grpo_affine(stats, cfg.std_convention, cfg.eps), {}
 
 

@@ -196,7 +196,7 @@ class CollapseController:
                 f"acr.reward_range is ({lo:g}, {hi:g}) but a {view} reward is {seen:g} (this batch spans "
                 f"{low:g}..{high:g}): all-wrong and all-right groups are read against that range. Set it to the "
                 "rewards' range: --acr.reward_range LO HI (avspo-train), acr_reward_range=[LO, HI] (TRL), "
-                "algorithm.acr.reward_range (verl), Settings.acr reward_range (the study loop)"
+                "algorithm.acr.reward_range (verl), StudySettings.acr reward_range (the study loop)"
             )
 
     def after_train(self, status: dict[str, float], kl_key: str = "kl") -> dict[str, float]:

@@ -349,7 +349,7 @@ class SignConfig(Options):
 
 
 @dataclass(frozen=True)
-class GRPOConfig(Options):
+class GroupNormConfig(Options):
     """GRPO computed by this package (``--grpo.*``).
 
     GRPO's group normalisation A = (r - mean) / (std + eps) from the estimator registry instead of

@@ -1,6 +1,6 @@
 """Graceful Ctrl-C and SIGTERM for avspo-train: the driver's signal handlers and their state (kept
 free of heavy imports: ``python -m avspo_openrlhf.cli.train`` runs as ``__main__``, so state must
-live in a module of its own). The file protocol the trainers read is ``trainer/stop.py``."""
+live in a module of its own). The file protocol the trainers read is ``trainer/stop_file.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from avspo_openrlhf.trainer.stop import stop_file, stopped_marker
+from avspo_openrlhf.trainer.stop_file import stop_file, stopped_marker
 
 INTERRUPT = {"requested": False}
 

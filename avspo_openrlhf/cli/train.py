@@ -46,7 +46,7 @@ from avspo_openrlhf.trainer import parser as flag_parser
 from avspo_openrlhf.trainer import reward_files
 from avspo_openrlhf.trainer.plugins import load_plugins
 from avspo_openrlhf.trainer.run_settings import keep_settings, settings
-from avspo_openrlhf.trainer.stop import clear_stop_request, take_stopped_marker
+from avspo_openrlhf.trainer.stop_file import clear_stop_request, take_stopped_marker
 from avspo_openrlhf.trainer.validate import validate
 
 OPENRLHF_MAIN = "openrlhf.cli.train_ppo_ray"

@@ -511,7 +511,7 @@ def train_cpu(args, on_ray_started=None) -> None:
     ray.get(actor.async_run_method("set_cpu_engines", engines))
     _report_precision(args, engines, actor, ref)
     ray.get(trainer.fit.remote())
-    from avspo_openrlhf.trainer.stop import trainer_stopped
+    from avspo_openrlhf.trainer.stop_file import trainer_stopped
 
     # a run the trainer stopped (it checkpointed) resumes instead; one that ran to its end saves the
     # final model even when a stop request came after the last step's check

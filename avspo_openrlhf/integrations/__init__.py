@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from avspo_openrlhf.algo import ESTIMATORS, CollapseController, GRPOConfig, group_advantages
+from avspo_openrlhf.algo import ESTIMATORS, CollapseController, GroupNormConfig, group_advantages
 
 
 def base_advantages(rewards: torch.Tensor, controller: CollapseController, std_convention: str | None, eps: float):
@@ -22,7 +22,7 @@ def base_advantages(rewards: torch.Tensor, controller: CollapseController, std_c
     if std_convention is None:
         adv, _ = group_advantages(rewards, "dr_grpo", tol=controller.tol, reward_range=controller.reward_range)
     else:
-        cfg = GRPOConfig(std_convention=std_convention, eps=eps)
+        cfg = GroupNormConfig(std_convention=std_convention, eps=eps)
         adv, _ = group_advantages(rewards, "grpo", cfg, tol=controller.tol, reward_range=controller.reward_range)
     return adv
 

@@ -70,7 +70,7 @@ class StackedEngine:
                 )
         s = self.settings = first.settings
         if s.engine != "stacked":
-            raise ValueError(f"Settings.engine is {s.engine!r}: these runs are the process engine's")
+            raise ValueError(f"StudySettings.engine is {s.engine!r}: these runs are the process engine's")
         from transformers import AutoModelForCausalLM
 
         self.shell = Policy(first.model, s, load_model=False)

@@ -88,13 +88,13 @@ def _require(ok: bool, message: str) -> None:
 
 # how the one builder (algo/build.py) names a study's option in an error: Arm.options['alpha']
 STUDY_NAMES = Names(
-    {"remedy": "Arm.options", "acr": "Settings.acr", "monitor": "Settings.monitor", "greso": "Arm.greso"}
+    {"remedy": "Arm.options", "acr": "StudySettings.acr", "monitor": "StudySettings.monitor", "greso": "Arm.greso"}
 )
 
 
 @dataclass(frozen=True)
 class Arm:
-    """What one method of a study changes; everything else is the study's :class:`Settings`.
+    """What one method of a study changes; everything else is the study's :class:`StudySettings`.
 
     estimator: a registered advantage estimator (``algo.ESTIMATORS``: grpo, avspo, sign, rl_zvp, ...).
     options: that estimator's config fields (``{"strategy": "opposite"}`` for AVSPO, ...).
@@ -148,7 +148,7 @@ class Arm:
 
 
 @dataclass(frozen=True)
-class Settings:
+class StudySettings:
     """What every arm of a study shares."""
 
     group_size: int = 8  # G completions per prompt
@@ -170,7 +170,9 @@ class Settings:
     micro_batch: int = 16  # sequences per forward/backward (activations, not the logits, bound the memory)
     gen_batch: int = 512  # sequences per generate call (rollouts and evaluation)
     grad_clip: float = 1.0
-    dtype: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on the CPU; or bf16 / fp32
+    # by_device: bf16 autocast on CUDA, fp32 on a CPU (not --cpu.dtype's auto, which asks the CPU's bf16
+    # support); or bf16 / fp32 everywhere
+    dtype: str = "by_device"
     max_steps: int = 10_000  # a budget that is never reached (empty completions) stops here
     # process: one run per process, its own transformers model; stacked: K runs in one process, their
     # weights stacked (study/engine.py). Part of the settings hash: the two sample with other random numbers
@@ -189,30 +191,34 @@ class Settings:
             "max_steps",
         ):
             v = getattr(self, name)
-            _require(isinstance(v, int) and v >= 1, f"Settings.{name} must be an integer >= 1, got {v!r}")
+            _require(isinstance(v, int) and v >= 1, f"StudySettings.{name} must be an integer >= 1, got {v!r}")
         _require(
             self.group_size >= 2,
-            f"Settings.group_size must be >= 2 (a group of one has no variance), got {self.group_size}",
+            f"StudySettings.group_size must be >= 2 (a group of one has no variance), got {self.group_size}",
         )
         for name in ("mid_eval_tokens", "mid_eval_problems", "ckpt_every"):
             v = getattr(self, name)
-            _require(isinstance(v, int) and v >= 0, f"Settings.{name} must be an integer >= 0, got {v!r}")
+            _require(isinstance(v, int) and v >= 0, f"StudySettings.{name} must be an integer >= 0, got {v!r}")
         _require(
             self.temperature > 0 and self.eval_temperature > 0,
-            f"Settings.temperature and eval_temperature must be > 0, got {self.temperature}, {self.eval_temperature}",
+            f"StudySettings.temperature and eval_temperature must be > 0, got {self.temperature}, {self.eval_temperature}",
         )
-        _require(self.lr > 0, f"Settings.lr must be > 0, got {self.lr}")
-        _require(self.grad_clip > 0, f"Settings.grad_clip must be > 0, got {self.grad_clip}")
+        _require(self.lr > 0, f"StudySettings.lr must be > 0, got {self.lr}")
+        _require(self.grad_clip > 0, f"StudySettings.grad_clip must be > 0, got {self.grad_clip}")
         _require(
-            self.dtype in ("auto", "bf16", "fp32"), f"Settings.dtype must be auto, bf16 or fp32, got {self.dtype!r}"
+            self.dtype in ("by_device", "bf16", "fp32"),
+            f"StudySettings.dtype must be by_device, bf16 or fp32, got {self.dtype!r}",
         )
         _require(
-            self.engine in ("process", "stacked"), f"Settings.engine must be process or stacked, got {self.engine!r}"
+            self.engine in ("process", "stacked"),
+            f"StudySettings.engine must be process or stacked, got {self.engine!r}",
         )
-        _require(self.template in TEMPLATES, f"Settings.template must be one of {TEMPLATES}, got {self.template!r}")
+        _require(
+            self.template in TEMPLATES, f"StudySettings.template must be one of {TEMPLATES}, got {self.template!r}"
+        )
         _require(
             self.reward in ("arith", "math") or ":" in self.reward,
-            f"Settings.reward must be arith, math or module:function, got {self.reward!r}",
+            f"StudySettings.reward must be arith, math or module:function, got {self.reward!r}",
         )
         typed(ACRConfig, self.acr, "acr", STUDY_NAMES)
 
@@ -224,7 +230,7 @@ class RunSpec:
     method: str
     seed: int
     arm: Arm
-    settings: Settings
+    settings: StudySettings
     model: str  # a local HF folder
     train: str  # jsonl: problem, answer, unique_id (level optional)
     heldout: str
@@ -245,7 +251,7 @@ class RunSpec:
     def from_json(cls, text: str) -> RunSpec:
         d = json.loads(text)
         load_plugins(d.get("plugins", ()))  # before the Arm is built: its estimator may be the plugin's
-        return cls(**{**d, "arm": Arm(**d["arm"]), "settings": Settings(**d["settings"])})
+        return cls(**{**d, "arm": Arm(**d["arm"]), "settings": StudySettings(**d["settings"])})
 
     def settings_record(self) -> dict:
         """Everything a run depends on except its arm and seed, with the files named by their content:
@@ -263,7 +269,7 @@ class RunSpec:
         }
 
 
-# Settings fields that change the speed or memory of a run, not its semantics (a micro-batch changes
+# StudySettings fields that change the speed or memory of a run, not its semantics (a micro-batch changes
 # the floating-point rounding of a gradient sum, no more): left out of the pairing hash
 PERFORMANCE_ONLY = ("micro_batch", "gen_batch", "ckpt_every")
 
@@ -367,10 +373,10 @@ def reward_function(name: str) -> Callable[[list[str], list[str]], list[float]]:
 # ── model ──
 
 
-def device_and_dtype(settings: Settings) -> tuple[torch.device, torch.dtype]:
+def device_and_dtype(settings: StudySettings) -> tuple[torch.device, torch.dtype]:
     """Where the run computes and its autocast precision: CUDA with bf16, the CPU with fp32 (``auto``)."""
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if settings.dtype == "auto":
+    if settings.dtype == "by_device":
         return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
     return dev, torch.bfloat16 if settings.dtype == "bf16" else torch.float32
 
@@ -422,7 +428,7 @@ class Policy:
     model (the stacked engine holds the weights of many runs) it still encodes prompts and turns
     sampled completions into a :class:`Rollout`."""
 
-    def __init__(self, model: str, settings: Settings, load_model: bool = True):
+    def __init__(self, model: str, settings: StudySettings, load_model: bool = True):
         from transformers import AutoTokenizer
 
         self.device, self.dtype = device_and_dtype(settings)
@@ -754,7 +760,7 @@ def tensorboard_writer(folder: Path):
 # ── evaluation ──
 
 
-def evaluate(rows: list[dict], n: int, s: Settings, score, seed: int):
+def evaluate(rows: list[dict], n: int, s: StudySettings, score, seed: int):
     """Per-problem accuracy over ``n`` samples (``unique_id -> correct / n``), under its own seed and
     outside the training random stream (a generator of one :class:`Generate` request)."""
     ro = yield Generate([r["problem"] for r in rows], n, s.max_new_tokens, s.eval_temperature, seed, s.gen_batch)

@@ -36,7 +36,7 @@ from avspo_openrlhf.study import tables
 from avspo_openrlhf.study.loop import (
     Arm,
     RunSpec,
-    Settings,
+    StudySettings,
     atomic_write,
     device_and_dtype,
     settings_difference,
@@ -242,7 +242,7 @@ class GPURemediesStudy:
     levels: tuple[str, ...]  # synthetic_arithmetic's levels
     train_prompts: int  # the training pool
     heldout_per_level: int  # distinct held-out problems per level at most (a small level has fewer)
-    settings: Settings  # what every arm shares
+    settings: StudySettings  # what every arm shares
     arms: dict[str, Arm]  # name: what it changes
     seeds: dict[str, int]  # seeds planned per arm
     primary: tuple[str, ...]  # the base and the arms of the primary family (run first), each against ``base``
@@ -334,7 +334,7 @@ class GPURemediesStudy:
         seed: int,
         model: str,
         data: tuple[str, ...],
-        settings: Settings | None = None,
+        settings: StudySettings | None = None,
         arms: dict[str, Arm] | None = None,
         heldout: str | None = None,
     ) -> RunSpec:
@@ -497,7 +497,7 @@ class GPURemediesStudy:
             f"at T={s['eval_temperature']}; mid-run evaluations every {s['mid_eval_tokens']:,} generated tokens "
             f"on the first {s['mid_eval_problems']} held-out problems (n=2). Compute precision "
             f"{record['precision']}; loop and remedies code {record['code']}; commits {', '.join(commits)}. "
-            f"Settings hash {results[0]['settings_hash']}. Device: {devices}. {tables.SD_NOTE}. Differences are "
+            f"StudySettings hash {results[0]['settings_hash']}. Device: {devices}. {tables.SD_NOTE}. Differences are "
             f"paired (same seed, same problems, common random numbers): mean [95 % t interval over seeds], "
             f"p = exact sign-flip over seeds (seeds)."
         )
@@ -856,7 +856,7 @@ class GPURemediesStudy:
         lr = self.collect(Path(args.out) / "lr_check", pub) if self.lr_check else []
         return self.report(self.collect(out, published), published or out, self.failures(out), lr)
 
-    def _run(self, args, p, out: Path, published: Path | None, settings: Settings, shard: tuple[int, int]) -> int:
+    def _run(self, args, p, out: Path, published: Path | None, settings: StudySettings, shard: tuple[int, int]) -> int:
         model = args.model
         if model not in ("smollm2", "tiny") and not Path(model, "config.json").is_file():
             p.error(f"--model: {model} is not smollm2, tiny or a local HF folder with a config.json")
@@ -925,7 +925,7 @@ class GPURemediesStudy:
             print(f"[study] {len(failed)} runs failed (rerun to resume them): {', '.join(failed)}", file=sys.stderr)
         return 1 if failed else 0
 
-    def throughput(self, ks: list[int], args, settings: Settings, data, out: Path, published: Path | None) -> int:
+    def throughput(self, ks: list[int], args, settings: StudySettings, data, out: Path, published: Path | None) -> int:
         """Aggregate throughput for each K on this device: K training-only GRPO runs at once, against
         one run alone (K = 1, always measured)."""
         from avspo_openrlhf.cpu.models import prepare

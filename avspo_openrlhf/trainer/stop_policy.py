@@ -1,4 +1,4 @@
-"""When our trainers stop: Ctrl-C in ``avspo-train`` (the STOP file, ``stop.py``), ``--run.max_steps``,
+"""When our trainers stop: Ctrl-C in ``avspo-train`` (the STOP file, ``stop_file.py``), ``--run.max_steps``,
 the generated-token budget (``--run.max_generated_tokens``) and ``--monitor.stop_on_alarm``. A stop
 checkpoints first where the regular save did not, then asks the samples generator to report
 "exhausted", so OpenRLHF's ``fit`` ends normally.
@@ -11,7 +11,7 @@ import os
 import ray
 from openrlhf.utils.logging_utils import init_logger
 
-from .stop import stop_file, stopped_marker
+from .stop_file import stop_file, stopped_marker
 
 logger = init_logger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from avspo_openrlhf.study.loop import Arm, Settings
+from avspo_openrlhf.study.loop import Arm, StudySettings
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
 
 # Every arm's mixed groups get GRPO's advantages with one convention (population std + 1e-6, the AVSPO
@@ -26,7 +26,7 @@ STUDY = GPURemediesStudy(
     train_prompts=64,  # 16 per level: revisited every 8 steps, so GRESO has a history to use
     heldout_per_level=300,  # distinct, none a training prompt: add1 and mul1 have fewer (all there are)
     validation_per_level=50,  # the learning-rate check's problems, disjoint from both
-    settings=Settings(
+    settings=StudySettings(
         group_size=8,
         prompts_per_step=8,
         max_new_tokens=32,
