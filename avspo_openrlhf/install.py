@@ -1,4 +1,7 @@
-"""Every attribute of OpenRLHF or torch that avspo-openrlhf replaces at run time, in one place.
+"""The attributes of OpenRLHF and torch that avspo-train replaces around OpenRLHF's ``train(args)``
+(and the CPU workers' CUDA calls), in one list. The other run-time replacements of the package (a
+DeepSpeed op flag, Ray's cluster switch around ``ray.init``, the class of objects OpenRLHF built,
+verl's estimator registry, ...) are each made where they act; docs/architecture.md lists them all.
 
 Everything else extends OpenRLHF by subclassing and by passing our objects to its constructors;
 parsing patches nothing (``cli/train.py: openrlhf_args``). Two kinds of replacement remain, both
@@ -22,7 +25,8 @@ returns 0 while OpenRLHF's replay buffer builds its device name) and, on a machi
 (:data:`STAND_IN_MODULES`; modules that do not exist, nothing replaced). Every replacement is a
 :class:`~avspo_openrlhf.swap.Swap`.
 ``tests/test_openrlhf_surface.py`` checks that every replaced attribute still exists in OpenRLHF,
-that leaving :func:`installed` restores it, and that no other module of the package patches.
+that leaving :func:`installed` restores it, and that no other module patches OpenRLHF's, Ray's,
+argparse's or torch's module attributes.
 """
 
 from __future__ import annotations

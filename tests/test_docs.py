@@ -345,3 +345,46 @@ def test_the_site_reads_whole_in_a_browser_at_1280_px(site):
     assert len(findings) > 30 and not any("error" in f for f in findings.values()), findings
     bad = browser.failures(findings)
     assert not bad, f"pages that do not read whole at {browser.WIDTH} px: {bad}"
+
+
+# a backticked path in docs/architecture.md: `algo/build.py`, `avspo_openrlhf/cli/train.py`, `examples/x.py`
+MAP_PATH = re.compile(r"`((?:[\w.-]+/)*[\w.-]+\.py)`")
+
+
+def architecture_paths(text: str) -> set[str]:
+    """The .py paths docs/architecture.md names, package paths relative to the package
+    (``avspo_openrlhf/`` dropped), OpenRLHF's (``openrlhf/...``) and the repository's as written."""
+    return {p.removeprefix("avspo_openrlhf/") for p in MAP_PATH.findall(text)}
+
+
+def test_the_architecture_map_names_every_module_and_nothing_that_is_gone():
+    """docs/architecture.md is drawn from the code: every module of the package is on it, and every
+    file it names exists (ours in the package or the repository, OpenRLHF's in the installed package)."""
+    named = architecture_paths((ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"))
+    package = ROOT / "avspo_openrlhf"
+    modules = {p.relative_to(package).as_posix() for p in package.rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(m for m in modules if m not in named and not m.endswith("__init__.py"))
+    assert not missing, f"package modules missing from docs/architecture.md: {missing}"
+    openrlhf = None
+    gone = []
+    for path in sorted(named):
+        if path.startswith("openrlhf/"):
+            if openrlhf is None:
+                import importlib.util
+
+                spec = importlib.util.find_spec("openrlhf")
+                openrlhf = Path(spec.origin).parent.parent if spec else None
+            if openrlhf is not None and not (openrlhf / path).exists():
+                gone.append(path)
+        elif "/" not in path:  # a bare file name, in the context of its folder: some file of ours has it
+            if not any(p.name == path for d in ("avspo_openrlhf", "benchmarks", "experiments", "examples", "tests")
+                       for p in (ROOT / d).rglob(path)):  # fmt: skip
+                gone.append(path)
+        elif not ((package / path).exists() or (ROOT / path).exists()):
+            gone.append(path)
+    assert not gone, f"docs/architecture.md names files that do not exist: {gone}"
+
+
+def test_the_architecture_check_sees_a_missing_module_and_a_gone_one():
+    text = "| `algo/build.py` | x |\n`avspo_openrlhf/cli/train.py`, `examples/avspo_loop.py`, `openrlhf/cli/train_ppo_ray.py`"
+    assert architecture_paths(text) == {"algo/build.py", "cli/train.py", "examples/avspo_loop.py", "openrlhf/cli/train_ppo_ray.py"}  # fmt: skip
