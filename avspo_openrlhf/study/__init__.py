@@ -1,8 +1,12 @@
-"""The studies: experiments run through the quickstart's public train and evaluate functions, their
-paired comparisons between methods and their tables. One module per study (``remedies``,
-``collapse``, ``throughput``, ``quickstart_default``), each driven by its
-``experiments/<study>/run.py``, which holds the study's configuration, and one per benchmark that
-is a study (``vs_trl``, driven by ``benchmarks/bench_vs_trl.py``); ``cells`` runs one (method,
-seed) cell, ``compare`` pairs methods over runs, ``tables`` formats with one ± convention, ``acr``
-relates early collapse to final accuracy. The statistics themselves are ``avspo_openrlhf.stats``,
-the same ones the quickstart reports with."""
+"""The studies, each driven by its ``experiments/<study>/run.py`` (which holds its configuration).
+
+Two ways a run trains. The CPU studies (``remedies``, ``collapse``, ``throughput``,
+``quickstart_default``, and ``vs_trl``, a benchmark that is a study: ``benchmarks/bench_vs_trl.py``)
+run ``avspo-train --backend cpu`` through the quickstart's public train and evaluate functions:
+``cells`` runs one (method, seed) cell, ``compare`` pairs methods over runs, ``tables`` formats with
+one ± convention, ``acr`` relates early collapse to final accuracy. The GPU remedies study
+(``remedies_gpu``) runs the study loop instead: ``loop`` is one (arm, seed) run in plain torch
+(``controls``: its random-sign control, format reward and common random numbers), ``scheduler`` runs
+K of them at once, as K processes or as stacked batches of K in one process (``engine`` over
+``stacked``). The statistics themselves are ``avspo_openrlhf.stats``. docs/architecture.md draws how
+they fit together."""
