@@ -97,8 +97,16 @@ def main() -> None:
         )
         rows.append({"n": n, "median_us": med})
     if args.out:
-        record = {"cpu": cpu_kind(), "torch": torch.__version__, "threads": args.threads, "dtype": "fp32",
-                  "group_size": args.group_size, "collapsed": args.collapsed, "repeats": args.repeats, "rows": rows}  # fmt: skip
+        record = {
+            "cpu": cpu_kind(),
+            "torch": torch.__version__,
+            "threads": args.threads,
+            "dtype": "fp32",
+            "group_size": args.group_size,
+            "collapsed": args.collapsed,
+            "repeats": args.repeats,
+            "rows": rows,
+        }
         with open(args.out + ".json", "w", encoding="utf-8") as f:
             json.dump(record, f, indent=1)
             f.write("\n")
@@ -121,7 +129,9 @@ def page(r: dict) -> str:
     ]
     for row in r["rows"]:
         m = row["median_us"]
-        lines.append(f"| {row['n']} × {r['group_size']} | {_us(m['bare'])} | {_us(m['grpo'])} | {_us(m['avspo'])} | {m['avspo'] / m['grpo']:.2f}× |")  # fmt: skip
+        lines.append(
+            f"| {row['n']} × {r['group_size']} | {_us(m['bare'])} | {_us(m['grpo'])} | {_us(m['avspo'])} | {m['avspo'] / m['grpo']:.2f}× |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -83,9 +83,20 @@ def main() -> None:
             f"{workers:>7} {rate:8.0f} {rate / workers:8.0f} {p50} {p99} {mx} {correct:8.2%} {timeouts:8.2%} "
             f"{retried:8.2%} {hangs:>5}"
         )
-        out.append({"workers": workers, "sequential": sequential, "per_s": rate, "correct": correct, "timeouts": timeouts,
-                    "retried": retried, "hangs": hangs, "latency_ms": None if not lat else
-                    {"p50": statistics.median(lat) * 1e3, "p99": pct(lat, 0.99) * 1e3, "max": max(lat) * 1e3}})  # fmt: skip
+        out.append(
+            {
+                "workers": workers,
+                "sequential": sequential,
+                "per_s": rate,
+                "correct": correct,
+                "timeouts": timeouts,
+                "retried": retried,
+                "hangs": hangs,
+                "latency_ms": None
+                if not lat
+                else {"p50": statistics.median(lat) * 1e3, "p99": pct(lat, 0.99) * 1e3, "max": max(lat) * 1e3},
+            }
+        )
     if args.out:
         record = {
             "cpu": cpu_kind(),
@@ -114,8 +125,10 @@ def page(r: dict) -> str:
         lat = row["latency_ms"]
         p = [f"{lat[k]:.1f} ms" for k in ("p50", "p99", "max")] if lat else ["–"] * 3
         how = "one at a time" if row["sequential"] else "all submitted"
-        lines.append(f"| {row['workers']} ({how}) | {row['per_s']:.0f} | {row['per_s'] / row['workers']:.0f} | {' | '.join(p)} | "
-                     f"{row['correct']:.0%} | {row['timeouts']:.0%} | {row['hangs']} |")  # fmt: skip
+        lines.append(
+            f"| {row['workers']} ({how}) | {row['per_s']:.0f} | {row['per_s'] / row['workers']:.0f} | {' | '.join(p)} | "
+            f"{row['correct']:.0%} | {row['timeouts']:.0%} | {row['hangs']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -34,9 +34,18 @@ import time
 
 import torch
 
-QWEN2_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
-                 rope_theta=1_000_000.0, rms_norm_eps=1e-6)  # fmt: skip
+QWEN2_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    tie_word_embeddings=True,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+)
 """Qwen/Qwen2-0.5B's config.json shapes (built here with random weights: no download)."""
 
 
@@ -58,8 +67,9 @@ def make_batch(vocab: int, batch: int, prompt_len: int, response_len: int, zero_
     seq = torch.randint(5, vocab - 1, (batch, total), generator=gen, device="cpu")
     lengths = torch.randint(response_len // 2, response_len + 1, (batch,), generator=gen, device="cpu")
     action_mask = torch.arange(response_len, device="cpu")[None] < lengths[:, None]  # right-padded responses
-    attention_mask = torch.cat([torch.ones(batch, prompt_len, dtype=torch.long, device="cpu"),
-                                action_mask.long()], dim=1)  # fmt: skip
+    attention_mask = torch.cat(
+        [torch.ones(batch, prompt_len, dtype=torch.long, device="cpu"), action_mask.long()], dim=1
+    )
     rows = torch.zeros(batch, dtype=torch.bool, device="cpu")
     rows[: round(batch * zero_variance)] = True
     advantages = torch.randn(batch, generator=gen, device="cpu")[:, None] * action_mask
@@ -75,8 +85,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16, help="responses per step (one micro-batch)")
     ap.add_argument("--prompt-len", type=int, default=24)
     ap.add_argument("--response-len", type=int, default=40)
-    ap.add_argument("--zero-variance", type=float, default=0.5,
-                    help="fraction of the batch in zero-variance groups (ACR): the rows that need entropies")  # fmt: skip
+    ap.add_argument(
+        "--zero-variance",
+        type=float,
+        default=0.5,
+        help="fraction of the batch in zero-variance groups (ACR): the rows that need entropies",
+    )
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--old-pass", choices=["runs", "skipped"], default="runs",
@@ -108,8 +122,9 @@ def main() -> None:
 
         assert use_response_logits(actor), "the response-only forward does not apply to this model"
     vocab = actor.model.config.vocab_size
-    seq, amask, attn, rows, adv = make_batch(vocab, args.batch, args.prompt_len, args.response_len,
-                                             args.zero_variance, device)  # fmt: skip
+    seq, amask, attn, rows, adv = make_batch(
+        vocab, args.batch, args.prompt_len, args.response_len, args.zero_variance, device
+    )
     optim = torch.optim.AdamW(actor.parameters(), lr=1e-6)
 
     def sync():
@@ -172,16 +187,25 @@ def main() -> None:
         med[v]["step"] = med[v]["experience"] + med[v]["train"]
     gap = float((entropies["after"] - entropies["before"]).abs().max()) if rows.any() else 0.0
     result = {
-        "model": args.model, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_kind(),
-        "dtype": args.dtype, "attn": args.attn, "old_pass": args.old_pass, "batch": args.batch, "prompt_len": args.prompt_len,
-        "response_len": args.response_len, "zero_variance_rows": int(rows.sum()), "repeats": args.repeats,
+        "model": args.model,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_kind(),
+        "dtype": args.dtype,
+        "attn": args.attn,
+        "old_pass": args.old_pass,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "response_len": args.response_len,
+        "zero_variance_rows": int(rows.sum()),
+        "repeats": args.repeats,
         "threads": torch.get_num_threads(),
         "median_ms": {v: {k: round(1000 * x, 3) for k, x in m.items()} for v, m in med.items()},
-        "step_ratio": {"before/grpo": med["before"]["step"] / med["grpo"]["step"],
-                       "after/grpo": med["after"]["step"] / med["grpo"]["step"],
-                       "after/before": med["after"]["step"] / med["before"]["step"]},
+        "step_ratio": {
+            "before/grpo": med["before"]["step"] / med["grpo"]["step"],
+            "after/grpo": med["after"]["step"] / med["grpo"]["step"],
+            "after/before": med["after"]["step"] / med["before"]["step"],
+        },
         "max_entropy_gap_nats": gap,
-    }  # fmt: skip
+    }
     if device.type == "cuda":
         result["peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     print(json.dumps(result, indent=1))

@@ -26,12 +26,33 @@ import torch
 from avspo_openrlhf.study import stacked
 
 SHAPES = {
-    "tiny": ("qwen2", dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)),
-    "smollm2": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                              num_attention_heads=9, num_key_value_heads=3, head_dim=64, tie_word_embeddings=True,
-                              rope_parameters={"rope_theta": 100000.0, "rope_type": "default"})),
-}  # fmt: skip
+    "tiny": (
+        "qwen2",
+        dict(
+            vocab_size=320,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "smollm2": (
+        "llama",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            head_dim=64,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
+        ),
+    ),
+}
 
 
 def build(shape: str, k: int, device: str):
@@ -61,8 +82,17 @@ def one_at_a_time(models, ids, attn, new: int, dtype) -> tuple[float, int]:
         with torch.autocast(ids.device.type, dtype=dtype, enabled=dtype != torch.float32):
             m.eval()
             with torch.no_grad():
-                out = m.generate(input_ids=ids[k], attention_mask=attn[k], do_sample=True, temperature=0.7, top_k=0,
-                                 top_p=1.0, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)  # fmt: skip
+                out = m.generate(
+                    input_ids=ids[k],
+                    attention_mask=attn[k],
+                    do_sample=True,
+                    temperature=0.7,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    pad_token_id=0,
+                )
             m.train()
             logits = m(input_ids=out, logits_to_keep=new + 1).logits[:, :-1].float()
             loss = -torch.log_softmax(logits / 0.7, -1).gather(-1, out[:, -new:, None]).mean()
@@ -80,8 +110,17 @@ def together(params, scfg, opt, ids, attn, new: int, dtype) -> tuple[float, int]
     t0 = time.perf_counter()
     gens = [torch.Generator().manual_seed(7 + k) for k in range(K)]
     u = stacked.per_run_uniforms(gens, (n, new), ids.device)
-    comp = stacked.generate(params, scfg, ids, attn, u, 0.7, torch.tensor([-1], device=ids.device), 0,
-                            autocast_dtype=None if dtype == torch.float32 else dtype)  # fmt: skip
+    comp = stacked.generate(
+        params,
+        scfg,
+        ids,
+        attn,
+        u,
+        0.7,
+        torch.tensor([-1], device=ids.device),
+        0,
+        autocast_dtype=None if dtype == torch.float32 else dtype,
+    )
     seq = torch.cat([ids, comp], -1)
     a = torch.ones_like(seq)
     pos = (a.cumsum(-1) - 1).clamp_min(0)
@@ -128,21 +167,33 @@ def main(argv: list[str] | None = None) -> dict:
             old.append(n_old / s)
             s, n_new = together(params, scfg, opt, ids, attn, args.new, dtype)
             new.append(n_new / s)
-        row = {"k": k, "one_at_a_time_tok_s": statistics.median(old[1:] or old),
-               "stacked_tok_s": statistics.median(new[1:] or new)}  # fmt: skip
+        row = {
+            "k": k,
+            "one_at_a_time_tok_s": statistics.median(old[1:] or old),
+            "stacked_tok_s": statistics.median(new[1:] or new),
+        }
         row["ratio"] = row["stacked_tok_s"] / row["one_at_a_time_tok_s"]
         rows.append(row)
-        print(f"K={k}: one at a time {row['one_at_a_time_tok_s']:.0f} generated tokens/s, stacked "
-              f"{row['stacked_tok_s']:.0f} ({row['ratio']:.2f}x)", flush=True)  # fmt: skip
+        print(
+            f"K={k}: one at a time {row['one_at_a_time_tok_s']:.0f} generated tokens/s, stacked "
+            f"{row['stacked_tok_s']:.0f} ({row['ratio']:.2f}x)",
+            flush=True,
+        )
     if device.type == "cuda":
         where = torch.cuda.get_device_name(device)
     else:
         from avspo_openrlhf.cpu.dtype import cpu_kind
 
         where = cpu_kind()
-    out = {"device": where, "precision": args.dtype, "torch": torch.__version__, "threads": torch.get_num_threads(),
-           "shape": args.shape, "per_run": {"sequences": args.prompts * args.group, "prompt_len": args.prompt_len,
-                                           "new_tokens": args.new}, "rows": rows}  # fmt: skip
+    out = {
+        "device": where,
+        "precision": args.dtype,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "shape": args.shape,
+        "per_run": {"sequences": args.prompts * args.group, "prompt_len": args.prompt_len, "new_tokens": args.new},
+        "rows": rows,
+    }
     print(json.dumps(out, indent=1))
     if args.json:
         with open(args.json, "w") as f:

@@ -59,7 +59,7 @@ def page(r: dict) -> str:
         f"Held-out pass@1 {100 * r['quickstart']['before']['pass@1']:.1f} % → {100 * r['quickstart']['after']['pass@1']:.1f} %: "
         f"gain {g[0]:+.1f} points [{g[1]:+.1f}, {g[2]:+.1f}] (95 % bootstrap interval, paired over problems).",
         "",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 
@@ -84,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     # Python's own defaults, as on a fresh machine: this machine's shell sets PYTHONDONTWRITEBYTECODE=1,
     # with which every process would compile the stack's modules from source again (~8 s a process)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("VIRTUAL_ENV", "AVSPO_", "XDG_CACHE", "HF_")) and k != "PYTHONDONTWRITEBYTECODE"}  # fmt: skip
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VIRTUAL_ENV", "AVSPO_", "XDG_CACHE", "HF_")) and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env["HOME"] = str(home)
     t0 = time.time()
     print(f"[first_run] bash quickstart.sh in a fresh clone ({clone}), HOME={home}", flush=True)
@@ -99,10 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     setup_s, steps = setup_breakdown(proc.stdout)
     summary = json.loads((clone / "runs" / "quickstart" / "summary.json").read_text())
     r = {
-        "commit": commit, "date": time.strftime("%Y-%m-%d"), "cpu": cpu_kind(), "precision": "; ".join(f"{k} {v}" for k, v in summary["precision"].items()),
-        "total_s": round(total, 1), "setup_s": setup_s, "setup_steps": steps,
-        "quickstart_s": round(summary["wall_min"] * 60, 1), "quickstart": summary,
-    }  # fmt: skip
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_kind(),
+        "precision": "; ".join(f"{k} {v}" for k, v in summary["precision"].items()),
+        "total_s": round(total, 1),
+        "setup_s": setup_s,
+        "setup_steps": steps,
+        "quickstart_s": round(summary["wall_min"] * 60, 1),
+        "quickstart": summary,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(r, indent=1) + "\n")
     Path(args.out + ".md").write_text(page(r))

@@ -70,10 +70,10 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
         "reward_raises": "def reward_func(queries, prompts, labels, **kw):\n    raise ValueError('boom')\n",
         "reward_hangs": "import time\ndef reward_func(queries, prompts, labels, **kw):\n    time.sleep(3600)\n",
         "reward_nan": "import torch\ndef reward_func(queries, prompts, labels, **kw):\n"
-                      "    return torch.full((len(queries),), float('nan'))\n",
+        "    return torch.full((len(queries),), float('nan'))\n",
         "reward_dict_no_rewards": "def reward_func(queries, prompts, labels, **kw):\n    return {'scores': [0] * len(queries)}\n",
         "reward_import_error": "import no_such_module_xyz\ndef reward_func(q, p, l, **kw):\n    return [0] * len(q)\n",
-    }  # fmt: skip
+    }
     out: list[tuple[str, callable]] = []
     for name, body in rewards.items():
         path = write(f"{name}.py", body)
@@ -83,7 +83,7 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
         "data_missing_key": "\n".join(
             json.dumps({k: v for k, v in json.loads(r).items() if k != "answer"}) for r in good_rows[:4]
         )
-        + "\n",  # fmt: skip
+        + "\n",
         "data_empty": "",
         "data_not_json": "hello\nworld\n",
         "data_null_label": "\n".join(json.dumps({**json.loads(r), "answer": None}) for r in good_rows[:4]) + "\n",
@@ -141,8 +141,9 @@ def cases(tmp: Path, assets: dict, good_reward: str) -> list[tuple[str, callable
 def run_case(flags: list[str], env: dict, late_s: float) -> dict:
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
     t0 = time.monotonic()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                         start_new_session=True)  # fmt: skip
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     try:
         out, _ = p.communicate(timeout=late_s)
     except subprocess.TimeoutExpired:
@@ -153,9 +154,15 @@ def run_case(flags: list[str], env: dict, late_s: float) -> dict:
     errors = [ln for ln in lines if "error" in ln.lower() and "warnings.warn" not in ln]
     ray = any(m in out for m in RAY_MARKERS)
     one_line = p.returncode not in (0, None, -9) and not ray and "Traceback" not in out and len(errors) == 1
-    return {"rc": p.returncode, "seconds": round(took, 1), "ray_started": ray, "traceback": "Traceback" in out,
-            "error_lines": len(errors), "one_line_before_ray": one_line,
-            "message": (errors[0] if errors else (lines[-1] if lines else ""))[:200]}  # fmt: skip
+    return {
+        "rc": p.returncode,
+        "seconds": round(took, 1),
+        "ray_started": ray,
+        "traceback": "Traceback" in out,
+        "error_lines": len(errors),
+        "one_line_before_ray": one_line,
+        "message": (errors[0] if errors else (lines[-1] if lines else ""))[:200],
+    }
 
 
 def main(argv=None) -> int:
@@ -190,10 +197,15 @@ def main(argv=None) -> int:
             flags = make(flags)
         results[name] = run_case(flags, case_env, a.late_s)
         r = results[name]
-        verdict = "one line, before Ray" if r["one_line_before_ray"] else ("LATE (Ray started)" if r["ray_started"]
-                                                                             else "not one line")  # fmt: skip
-        print(f"[{i:2d}/{len(todo)}] {name:32s} rc={r['rc']!s:>4} {r['seconds']:5.1f}s  {verdict}: {r['message']}",
-              flush=True)  # fmt: skip
+        verdict = (
+            "one line, before Ray"
+            if r["one_line_before_ray"]
+            else ("LATE (Ray started)" if r["ray_started"] else "not one line")
+        )
+        print(
+            f"[{i:2d}/{len(todo)}] {name:32s} rc={r['rc']!s:>4} {r['seconds']:5.1f}s  {verdict}: {r['message']}",
+            flush=True,
+        )
     n = len(results)
     good = sum(r["one_line_before_ray"] for r in results.values())
     late = [k for k, r in results.items() if r["ray_started"]]

@@ -123,7 +123,9 @@ def collapsed_group_table(g: int = 8) -> str:
         f"| remedy | flag | all-right group | all-wrong group | mixed group, 1 of {g} right: right / wrong |",
         "| --- | --- | --- | --- | --- |",
         row("GRPO, population std (the paper's)", "`--remedy grpo`", "grpo"),
-        row("GRPO, unbiased std (OpenRLHF's `group_norm`)", "`--remedy none`", "grpo", GroupNormConfig("unbiased", 1e-9)),
+        row(
+            "GRPO, unbiased std (OpenRLHF's `group_norm`)", "`--remedy none`", "grpo", GroupNormConfig("unbiased", 1e-9)
+        ),
         row("Dr. GRPO (centred only)", "`--remedy dr_grpo`", "dr_grpo"),
     ]
     rows += [
@@ -189,12 +191,20 @@ def generated_page_title(repo_path: str, nav_titles: dict[str, str]) -> str | No
 COSTS = {  # study method -> (flag, extra compute in the step, extra memory)
     "GRPO": ("(none)", "none", "none"),
     "AVSPO": ("`--remedy avspo`", "an affine map of the `[N, G]` rewards", "`[N, G]` floats"),
-    "DAPO-DS": ("`--dynamic.std_filter`", "the refill rounds' generation", "the kept groups of a step until it is full"),
+    "DAPO-DS": (
+        "`--dynamic.std_filter`",
+        "the refill rounds' generation",
+        "the kept groups of a step until it is full",
+    ),
     "NGRPO": ("`--remedy ngrpo`", "an affine map of the `[N, G]` rewards", "`[N, G]` floats"),
     "GRESO": ("`--greso.enable`", "the audits' generation (`--greso.audit`)", "a short history per prompt seen"),
     "GRESO+AVSPO": ("`--greso.enable --remedy avspo`", "as GRESO and AVSPO", "as GRESO"),
-    "RL-ZVP": ("`--remedy rl_zvp`", "token advantages from the step's own entropies: {rl_zvp}", "one float per token of the zero-variance groups"),
-}  # fmt: skip
+    "RL-ZVP": (
+        "`--remedy rl_zvp`",
+        "token advantages from the step's own entropies: {rl_zvp}",
+        "one float per token of the zero-variance groups",
+    ),
+}
 
 
 def remedy_cost_table() -> str:

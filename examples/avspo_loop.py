@@ -47,11 +47,30 @@ def main(argv: list[str] | None = None) -> dict:
     write_jsonl(synthetic_arithmetic(4, ["add1", "mul1"], seed=1000), str(folder / "heldout.jsonl"))
     # the paper's AVSPO defaults (AVSPOConfig()); tau_init 0.25 opens the gate on this small task
     # (docs/algorithm.md#gate), a 5-step window smooths ACR_gate
-    settings = StudySettings(group_size=args.G, prompts_per_step=args.prompts, max_new_tokens=args.max_new_tokens,
-                        temperature=args.temperature, lr=args.lr, token_budget=10**9, max_steps=args.steps,
-                        acr={"tau_init": 0.25, "window": 5}, final_eval=False, ckpt_every=0)  # fmt: skip
-    run = Run(RunSpec(args.remedy, args.seed, Arm(args.remedy), settings, model, str(folder / "train.jsonl"),
-                      str(folder / "heldout.jsonl")), folder / "run")  # fmt: skip
+    settings = StudySettings(
+        group_size=args.G,
+        prompts_per_step=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        lr=args.lr,
+        token_budget=10**9,
+        max_steps=args.steps,
+        acr={"tau_init": 0.25, "window": 5},
+        final_eval=False,
+        ckpt_every=0,
+    )
+    run = Run(
+        RunSpec(
+            args.remedy,
+            args.seed,
+            Arm(args.remedy),
+            settings,
+            model,
+            str(folder / "train.jsonl"),
+            str(folder / "heldout.jsonl"),
+        ),
+        folder / "run",
+    )
     start = [w.detach().clone() for w in run.policy.model.parameters()]
     history = []
     for _ in range(args.steps):

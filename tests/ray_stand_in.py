@@ -128,21 +128,30 @@ def install() -> bool:
         nodes=lambda: [],
         kill=lambda *a, **k: None,
     )
-    pg = _module("ray.util.placement_group", PlacementGroup=PlacementGroup,
-                 placement_group=_cluster_only("util.placement_group"))  # fmt: skip
-    strategies = _module("ray.util.scheduling_strategies",
-                         PlacementGroupSchedulingStrategy=PlacementGroupSchedulingStrategy)  # fmt: skip
+    pg = _module(
+        "ray.util.placement_group", PlacementGroup=PlacementGroup, placement_group=_cluster_only("util.placement_group")
+    )
+    strategies = _module(
+        "ray.util.scheduling_strategies", PlacementGroupSchedulingStrategy=PlacementGroupSchedulingStrategy
+    )
     queue = _module("ray.util.queue", Queue=_cluster_only("util.queue.Queue"))
     collective = _module("ray.util.collective")
-    util = _module("ray.util", placement_group=pg, scheduling_strategies=strategies, queue=queue,
-                   collective=collective, placement_group_table=_cluster_only("util.placement_group_table"))  # fmt: skip
+    util = _module(
+        "ray.util",
+        placement_group=pg,
+        scheduling_strategies=strategies,
+        queue=queue,
+        collective=collective,
+        placement_group_table=_cluster_only("util.placement_group_table"),
+    )
     services = _module("ray._private.services", get_node_ip_address=lambda: "127.0.0.1")
     worker = _module("ray._private.worker", global_worker=None)
     private = _module("ray._private", services=services, worker=worker)
     actor = _module("ray.actor", ActorClass=ActorClass, ActorHandle=ActorHandle)
     ray.util, ray._private, ray.actor = util, private, actor
-    sys.modules.update({m.__name__: m for m in (ray, util, pg, strategies, queue, collective, services, worker,
-                                                private, actor)})  # fmt: skip
+    sys.modules.update(
+        {m.__name__: m for m in (ray, util, pg, strategies, queue, collective, services, worker, private, actor)}
+    )
     return True
 
 

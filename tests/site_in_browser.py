@@ -155,8 +155,11 @@ def check(site: Path, only: list[str] | None = None, workers: int = 2) -> dict[s
 
 
 def failures(findings: dict[str, dict]) -> dict[str, dict]:
-    return {p: {k: v for k, v in f.items() if k in (*FAILS, "error") and v} for p, f in findings.items()
-            if any(f.get(k) for k in (*FAILS, "error"))}  # fmt: skip
+    return {
+        p: {k: v for k, v in f.items() if k in (*FAILS, "error") and v}
+        for p, f in findings.items()
+        if any(f.get(k) for k in (*FAILS, "error"))
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

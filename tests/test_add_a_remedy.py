@@ -85,9 +85,15 @@ def test_avspo_train_offers_the_plugins_remedy_in_help_and_refuses_its_mistakes_
     assert ctrl.estimator == "qae" and ctrl.config == qae.QAEConfig(quantile=0.25)
     for flags, message in [
         (["--remedy", "qae", "--qae.quantile", "2"], "--qae.quantile must be in [0, 1], got 2.0"),
-        (["--remedy", "qae", "--qae.scale", "mad"], "argument --qae.scale: invalid choice: 'mad' (choose from 'std', 'none')"),
-        (["--remedy", "sign", "--qae.quantile", "0.5"], "--qae.quantile is an option of --remedy qae, but --remedy is sign: drop it, or choose --remedy qae"),
-    ]:  # fmt: skip
+        (
+            ["--remedy", "qae", "--qae.scale", "mad"],
+            "argument --qae.scale: invalid choice: 'mad' (choose from 'std', 'none')",
+        ),
+        (
+            ["--remedy", "sign", "--qae.quantile", "0.5"],
+            "--qae.quantile is an option of --remedy qae, but --remedy is sign: drop it, or choose --remedy qae",
+        ),
+    ]:
         with pytest.raises(SystemExit):
             parse("--plugin", EXAMPLE, *flags)
         assert capsys.readouterr().err.strip().splitlines()[-1] == f"avspo-train: error: {message}"
@@ -129,10 +135,16 @@ def test_the_pages_complete_cpu_command_trains_with_the_plugins_remedy(tmp_path)
 
     from avspo_openrlhf.report import read_metrics
 
-    [block] = [b for b in blocks("docs/add_a_remedy.md") if b.reason and "tests/test_add_a_remedy.py runs this block" in b.reason]  # fmt: skip
+    [block] = [
+        b
+        for b in blocks("docs/add_a_remedy.md")
+        if b.reason and "tests/test_add_a_remedy.py runs this block" in b.reason
+    ]
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     code = block.code.replace(".venv/bin/", f"{Path(sys.executable).parent}/")
-    r = subprocess.run(["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True, timeout=480, env=ENV, cwd=tmp_path)  # fmt: skip
+    r = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", code], capture_output=True, text=True, timeout=480, env=ENV, cwd=tmp_path
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     out = tmp_path / "runs" / "qae"
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))

@@ -435,7 +435,13 @@ def test_fix_groups_augments_only_the_chosen_collapsed_groups(strategy):
     )
     grpo, _ = group_advantages(r, "grpo")
     for fix, kind in [("all_wrong", "wrong"), ("all_right", "right")]:
-        adv, info = group_advantages(r, "avspo", AVSPOConfig(strategy=strategy, fix_groups=fix), acr_gate=0.6, generator=torch.Generator().manual_seed(1))  # fmt: skip
+        adv, info = group_advantages(
+            r,
+            "avspo",
+            AVSPOConfig(strategy=strategy, fix_groups=fix),
+            acr_gate=0.6,
+            generator=torch.Generator().manual_seed(1),
+        )
         s = info["stats"]
         chosen = s.all_right if kind == "right" else s.collapsed & ~s.all_right  # 'other' counts as all-wrong
         other = s.collapsed & ~chosen
@@ -467,7 +473,9 @@ def test_every_strategy_matches_cpu_on_cuda(strategy):
     cpu, _ = group_advantages(
         r, "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.6, generator=torch.Generator().manual_seed(2)
     )
-    gpu, _ = group_advantages(r.cuda(), "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.6, generator=torch.Generator().manual_seed(2))  # fmt: skip
+    gpu, _ = group_advantages(
+        r.cuda(), "avspo", AVSPOConfig(strategy=strategy), acr_gate=0.6, generator=torch.Generator().manual_seed(2)
+    )
     assert gpu.device.type == "cuda" and torch.allclose(gpu.cpu(), cpu, atol=2e-6)
 
 
@@ -497,7 +505,7 @@ OPTION_CLASSES = [ACRConfig, AVSPOConfig, NGRPOConfig, RLZVPConfig, SignConfig, 
             AVSPOConfig,
             dict(strategy="bogus"),
             "AVSPOConfig.strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'",
-        ),  # fmt: skip
+        ),
         (ACRConfig, dict(tau_init=2), "ACRConfig.tau_init must be in [0, 1], got 2"),
         (ACRConfig, dict(window=0), "ACRConfig.window must be >= 1, got 0"),
         (NGRPOConfig, dict(num_max=0), "NGRPOConfig.num_max must be >= 1, got 0"),
@@ -518,7 +526,7 @@ OPTION_CLASSES = [ACRConfig, AVSPOConfig, NGRPOConfig, RLZVPConfig, SignConfig, 
             AVSPOConfig,
             dict(num_virtual=2, strategy="opposite"),
             "AVSPOConfig.num_virtual cannot be combined with AVSPOConfig.strategy opposite",
-        ),  # fmt: skip
+        ),
         (
             GRESOConfig,
             dict(p_easy=0.99),
@@ -529,12 +537,12 @@ OPTION_CLASSES = [ACRConfig, AVSPOConfig, NGRPOConfig, RLZVPConfig, SignConfig, 
             MonitorConfig,
             dict(stop_on_alarm="acr_stall"),
             "MonitorConfig.stop_on_alarm must be a list of names, got 'acr_stall'",
-        ),  # fmt: skip
+        ),
         (
             MonitorConfig,
             dict(stop_on_alarm=("stall",)),
             "MonitorConfig.stop_on_alarm must name only any, acr_stall, acr_volatility, entropy_collapse, kl_drift, got 'stall'",
-        ),  # fmt: skip
+        ),
         (MonitorConfig, dict(kl_source=None), "MonitorConfig.kl_source must be set (str), got None"),
     ],
 )
@@ -546,8 +554,16 @@ def test_each_mistake_is_refused_when_the_config_is_built(cls, kwargs, message):
 
 
 # one value outside each `valid` range of algo/options.py
-OUTSIDE = {">0": [0, -1], ">=0": [-1], ">=1": [0], ">=2": [1], "[0,1]": [-0.5, 1.5], "[0,1)": [1, -0.1],
-           "(0,1]": [0, 1.1], "(0,1)": [0, 1]}  # fmt: skip
+OUTSIDE = {
+    ">0": [0, -1],
+    ">=0": [-1],
+    ">=1": [0],
+    ">=2": [1],
+    "[0,1]": [-0.5, 1.5],
+    "[0,1)": [1, -0.1],
+    "(0,1]": [0, 1.1],
+    "(0,1)": [0, 1],
+}
 
 
 def _every_field():
@@ -578,7 +594,9 @@ def test_every_field_refuses_a_wrong_type_and_a_value_outside_its_range(cls, f):
 
 def test_the_valid_values_are_normalised_and_equal():
     assert AVSPOConfig(alpha=1) == AVSPOConfig(alpha=1.0) and isinstance(AVSPOConfig(alpha=1).alpha, float)
-    assert ACRConfig(tau_bounds=[0.1, 0.9]) == ACRConfig() and MonitorConfig(stop_on_alarm=["any"]).stop_on_alarm == ("any",)  # fmt: skip
+    assert ACRConfig(tau_bounds=[0.1, 0.9]) == ACRConfig() and MonitorConfig(stop_on_alarm=["any"]).stop_on_alarm == (
+        "any",
+    )
     # the range ends that mean something are accepted
     ACRConfig(ema_decay=0.0, eta=0.0, tau_bounds=(0.0, 1.0), tau_init=1.0, stall_patience=0, volatility_window=2)
     AVSPOConfig(r_anchor=1.0, num_virtual=1, eps=0.0, seed=0)

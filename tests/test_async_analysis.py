@@ -25,10 +25,21 @@ def _write_run(folder: Path, rows: list[dict], launch: float, wall: float, busy:
 def _sync_rows(n, gen, train, sync, start):
     rows, t = [], start
     for i in range(n):
-        rows.append({"step": i + 1, "timing/generation": gen, "timing/make_experience": 0.4 * train,
-                     "timing/ppo_train": 0.6 * train, "timing/broadcast": sync, "rollout/num_samples": 16.0,
-                     "rollout/response_length_mean": 20.0, "timeline/gen_start": t, "timeline/gen_end": t + gen,
-                     "timeline/step_start": t + gen, "timeline/step_end": t + gen + train + sync})  # fmt: skip
+        rows.append(
+            {
+                "step": i + 1,
+                "timing/generation": gen,
+                "timing/make_experience": 0.4 * train,
+                "timing/ppo_train": 0.6 * train,
+                "timing/broadcast": sync,
+                "rollout/num_samples": 16.0,
+                "rollout/response_length_mean": 20.0,
+                "timeline/gen_start": t,
+                "timeline/gen_end": t + gen,
+                "timeline/step_start": t + gen,
+                "timeline/step_end": t + gen + train + sync,
+            }
+        )
         t += gen + train + sync
     return rows
 
@@ -38,11 +49,24 @@ def _async_rows(n, start, gen=2.3, interval=2.25):
     timer covers (the trainer: 1.0 s train + 0.2 s sync + 1.0 s waiting for the queue)."""
     rows, end = [], start
     for i in range(n):
-        rows.append({"step": i + 1, "timing/generation": gen, "timing/make_experience": 0.4, "timing/ppo_train": 0.6,
-                     "timing/broadcast": 0.2, "async/sync_lock_wait_s": 0.0, "async/staleness": float(i > 0),
-                     "async/trainer_idle_s": 1.0, "rollout/num_samples": 16.0, "rollout/response_length_mean": 20.0,
-                     "timeline/gen_start": end + 1.0 - gen, "timeline/gen_end": end + 1.0,
-                     "timeline/step_start": end + 1.05, "timeline/step_end": end + interval})  # fmt: skip
+        rows.append(
+            {
+                "step": i + 1,
+                "timing/generation": gen,
+                "timing/make_experience": 0.4,
+                "timing/ppo_train": 0.6,
+                "timing/broadcast": 0.2,
+                "async/sync_lock_wait_s": 0.0,
+                "async/staleness": float(i > 0),
+                "async/trainer_idle_s": 1.0,
+                "rollout/num_samples": 16.0,
+                "rollout/response_length_mean": 20.0,
+                "timeline/gen_start": end + 1.0 - gen,
+                "timeline/gen_end": end + 1.0,
+                "timeline/step_start": end + 1.05,
+                "timeline/step_end": end + interval,
+            }
+        )
         end += interval
     return rows
 
@@ -86,17 +110,35 @@ def test_analysis_calibrates_on_the_probe_and_reports_start_up_and_break_even(ex
 
 
 def test_summary_lists_every_workload_with_its_seeds_and_machine(exp, tmp_path):
-    mode = {"mode": "async-q1", "speedup": 1.5, "speedup_seeds": [1.4, 1.5, 1.6], "speedup_vs_all": 1.45,
-            "ideal": 1.8, "throughput_error": 0.2, "throughput_error_seeds": [0.2, 0.2, 0.2],
-            "probe_throughput_error": 0.04, "probe_throughput_error_seeds": [0.03, 0.04, 0.05],
-            "own_throughput_error": 0.01, "extra_startup_s": 20.0, "break_even_steps": float("inf")}  # fmt: skip
+    mode = {
+        "mode": "async-q1",
+        "speedup": 1.5,
+        "speedup_seeds": [1.4, 1.5, 1.6],
+        "speedup_vs_all": 1.45,
+        "ideal": 1.8,
+        "throughput_error": 0.2,
+        "throughput_error_seeds": [0.2, 0.2, 0.2],
+        "probe_throughput_error": 0.04,
+        "probe_throughput_error_seeds": [0.03, 0.04, 0.05],
+        "own_throughput_error": 0.01,
+        "extra_startup_s": 20.0,
+        "break_even_steps": float("inf"),
+    }
     for name, precision in (("untuned", "fp32"), ("documented", "bf16")):
         d = tmp_path / f"{name}-{precision}"
         d.mkdir()
         runs = {"sync": {"0": {"host_busy_before": 0.07}}}
-        d.joinpath("results.json").write_text(json.dumps(
-            {"workload": name, "precision": precision, "cpu": "Some CPU, 2 cores, native bf16",
-             "modes": [{"mode": "sync", "step_s": 3.0, "speedup": 1.0}, mode], "runs": runs}))  # fmt: skip
+        d.joinpath("results.json").write_text(
+            json.dumps(
+                {
+                    "workload": name,
+                    "precision": precision,
+                    "cpu": "Some CPU, 2 cores, native bf16",
+                    "modes": [{"mode": "sync", "step_s": 3.0, "speedup": 1.0}, mode],
+                    "runs": runs,
+                }
+            )
+        )
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "results.json").write_text(json.dumps({"modes": []}))  # before workloads: left out
     text = exp.summary(tmp_path)
@@ -109,7 +151,11 @@ def test_summary_lists_every_workload_with_its_seeds_and_machine(exp, tmp_path):
 def test_workload_presets_fill_what_was_not_given(exp):
     a = exp.build_parser().parse_args(["--workload", "untuned"])
     assert exp._fill_workload(a) == "untuned" and (a.prompts_per_step, a.max_new_tokens, a.ppo_epochs, a.steps) == (
-        8, 96, 1, 24)  # fmt: skip
+        8,
+        96,
+        1,
+        24,
+    )
     a = exp.build_parser().parse_args(["--workload", "long", "--steps", "3"])
     assert exp._fill_workload(a) == "long-custom" and a.steps == 3 and a.max_new_tokens == 256
     assert exp.build_parser().parse_args([]).seeds == [0, 1, 2]

@@ -16,19 +16,44 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_step_times_from_each_steps_clock():
     t = vs_trl.step_times(100.0, begins=[130.0, 145.0, 160.0], ends=[144.0, 158.0, 175.0])  # gaps 14, 17
-    assert t == {"startup_s": 30.0, "first_step_logged_s": 44.0, "steady_step_s": 15.5, "training_stage_s": 75.0,
-                 "steps": 3}  # fmt: skip
+    assert t == {
+        "startup_s": 30.0,
+        "first_step_logged_s": 44.0,
+        "steady_step_s": 15.5,
+        "training_stage_s": 75.0,
+        "steps": 3,
+    }
 
 
 def test_the_table_has_a_column_and_a_ratio_to_trl_per_mode():
     def side(stage):
-        return {"startup_s": 30.0, "first_step_logged_s": 45.0, "steady_step_s": 15.0, "training_stage_s": stage,
-                "steps": 8, "phases_median_s": {"ppo_train": 9.0}, "load_before": 0.1, "load_after": 2.0}  # fmt: skip
+        return {
+            "startup_s": 30.0,
+            "first_step_logged_s": 45.0,
+            "steady_step_s": 15.0,
+            "training_stage_s": stage,
+            "steps": 8,
+            "phases_median_s": {"ppo_train": 9.0},
+            "load_before": 0.1,
+            "load_after": 2.0,
+        }
 
-    res = {"cpu": "AMD EPYC, 2 cores, native bf16", "precision": "fp32", "seed": 0, "default_mode": "sync",
-           "label": "ours GRPO + AVSPO, TRL GRPO", "ours": {"sync": side(150.0), "async": side(225.0)},
-           "trl": side(150.0), "gains": {"sync": (0.1, 0.02, 0.2), "async": (0.1, 0.0, 0.2), "trl": (0.1, 0.02, 0.2),
-                                         "sync_minus_trl": (0.0, -0.1, 0.1), "async_minus_trl": (0.0, -0.1, 0.1)}}  # fmt: skip
+    res = {
+        "cpu": "AMD EPYC, 2 cores, native bf16",
+        "precision": "fp32",
+        "seed": 0,
+        "default_mode": "sync",
+        "label": "ours GRPO + AVSPO, TRL GRPO",
+        "ours": {"sync": side(150.0), "async": side(225.0)},
+        "trl": side(150.0),
+        "gains": {
+            "sync": (0.1, 0.02, 0.2),
+            "async": (0.1, 0.0, 0.2),
+            "trl": (0.1, 0.02, 0.2),
+            "sync_minus_trl": (0.0, -0.1, 0.1),
+            "async_minus_trl": (0.0, -0.1, 0.1),
+        },
+    }
     text = vs_trl.report(res)
     assert "| | ours, sync | ours, async | TRL `GRPOTrainer` | ours sync / TRL | ours async / TRL |" in text
     row = next(line for line in text.splitlines() if line.startswith("| training stage"))

@@ -17,8 +17,16 @@ from avspo_openrlhf.algo import options
 
 ROOT = Path(__file__).resolve().parents[1]
 ALGO = ROOT / "avspo_openrlhf" / "algo"
-OPTION_CLASSES = [options.ACRConfig, options.AVSPOConfig, options.MonitorConfig, options.NGRPOConfig,
-                  options.RLZVPConfig, options.SignConfig, options.GroupNormConfig, options.GRESOConfig]  # fmt: skip
+OPTION_CLASSES = [
+    options.ACRConfig,
+    options.AVSPOConfig,
+    options.MonitorConfig,
+    options.NGRPOConfig,
+    options.RLZVPConfig,
+    options.SignConfig,
+    options.GroupNormConfig,
+    options.GRESOConfig,
+]
 FIELD_NAMES = {f.name for c in OPTION_CLASSES for f in dataclasses.fields(c)} - {"seed", "enable"}
 # parameter names of algo/ that mean an option under another name
 ALIASES = {"tau_adapt", "bounds", "threshold", "patience", "ema_decay", "tau_bounds"}
@@ -107,9 +115,23 @@ def _run(estimator, acr=None, monitor=None, config=None, steps=3):
 
 
 # a valid non-default value for every field the controller reads; each one must change its output
-ACR_CHANGES = dict(tol=0.3, reward_range=(-1.0, 1.0), smoothing="ema", window=1, ema_decay=0.1, gate_view="shaped",
-                   early_steps=1, stall_threshold=0.0, stall_patience=0, volatility_window=2, volatility_threshold=0.0,
-                   tau_init=0.2, eta=0.5, tau_bounds=(0.0, 1.0), reward_ema_decay=0.0)  # fmt: skip
+ACR_CHANGES = dict(
+    tol=0.3,
+    reward_range=(-1.0, 1.0),
+    smoothing="ema",
+    window=1,
+    ema_decay=0.1,
+    gate_view="shaped",
+    early_steps=1,
+    stall_threshold=0.0,
+    stall_patience=0,
+    volatility_window=2,
+    volatility_threshold=0.0,
+    tau_init=0.2,
+    eta=0.5,
+    tau_bounds=(0.0, 1.0),
+    reward_ema_decay=0.0,
+)
 MONITOR_CHANGES = dict(entropy_threshold=5.0, entropy_patience=0, disable_entropy=True, kl_bound=0.01, kl_patience=0)
 TRAINER_READS = {"kl_source", "stop_on_alarm"}  # the trainer's (trainer/trainers.py)
 

@@ -46,16 +46,24 @@ print("[quickstart] after the block")
 
 def _script(tmp_path: Path, mode: str, **env) -> tuple[subprocess.CompletedProcess, str]:
     log = tmp_path / "run.log"
-    r = subprocess.run([sys.executable, "-c", SCRIPT, str(log), mode], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, **env})  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(log), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
     return r, log.read_text()
 
 
 def test_the_terminal_gets_our_lines_and_the_log_everything(tmp_path):
     r, log = _script(tmp_path, "quiet")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines() == ["[avspo] our line", "[avspo] --run.max_steps 3 reached",
-                                     "[quickstart] after the block"]  # fmt: skip
+    assert r.stdout.splitlines() == [
+        "[avspo] our line",
+        "[avspo] --run.max_steps 3 reached",
+        "[quickstart] after the block",
+    ]
     assert r.stderr == ""
     for upstream in ("Initializing a V1 LLM engine", "forward: 100%", "Global step 1", "(_TrainingActor pid=7)"):
         assert upstream in log
@@ -224,10 +232,21 @@ def test_avspo_train_on_the_cpu_backend_keeps_upstream_output_in_its_log(tmp_pat
         "--report.dir", str(tmp_path / "report"),
     ]  # fmt: skip
     extensions = tmp_path / "torch_extensions"  # where DeepSpeed would build an op the run loads
-    env = {**os.environ, "AVSPO_VERBOSE": "0", "PYTHONUNBUFFERED": "1", "AVSPO_REWARD_TIMEOUT": "2",
-           ops.EXT_ENV: str(extensions)}  # fmt: skip
-    r = subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.train", *flags], stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, env=env, timeout=600)  # fmt: skip
+    env = {
+        **os.environ,
+        "AVSPO_VERBOSE": "0",
+        "PYTHONUNBUFFERED": "1",
+        "AVSPO_REWARD_TIMEOUT": "2",
+        ops.EXT_ENV: str(extensions),
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     log = (tmp_path / "report" / "train.log").read_text(errors="replace")
     assert r.returncode == 0, r.stdout[-3000:] + log[-3000:]
     console = r.stdout.splitlines()

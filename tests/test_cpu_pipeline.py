@@ -237,8 +237,13 @@ def test_the_cpu_backend_joins_the_ray_cluster_in_ray_address(assets, tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     try:
         flags = _flags(assets, tmp_path, "--run.max_steps", "2")
-        out = subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.train", *flags], capture_output=True,
-                             text=True, timeout=480, env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags],
+            capture_output=True,
+            text=True,
+            timeout=480,
+            env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
+        )
         log = out.stdout + out.stderr
         assert out.returncode == 0, log[-4000:]
         assert f"joined the Ray cluster at 127.0.0.1:{port}" in log
@@ -342,9 +347,13 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
         assert (tmp_path / "report" / "plots" / png).stat().st_size > 10_000
     assert list((tmp_path / "report" / "wandb").glob("offline-run-*"))
     # every stage in fp32 (the tiny model is stored in bf16), as the stages recorded it
-    assert summary["precision"] == {"rollout engine": "float32", "policy": "float32",
-                                    "reference": "not loaded (KL coefficient 0)",
-                                    "evaluation before": "fp32, vllm-cpu", "evaluation after": "fp32, vllm-cpu"}  # fmt: skip
+    assert summary["precision"] == {
+        "rollout engine": "float32",
+        "policy": "float32",
+        "reference": "not loaded (KL coefficient 0)",
+        "evaluation before": "fp32, vllm-cpu",
+        "evaluation after": "fp32, vllm-cpu",
+    }
     assert "| rollout engine | float32 |" in r.stdout and "native bf16" in summary["cpu"]
     r2 = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=root)
     assert r2.returncode == 0 and "training already finished" in r2.stdout
@@ -361,9 +370,11 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
 def test_model_is_complete_rejects_torn_saves(assets, tmp_path):
     src = Path(assets["model"])
     assert model_is_complete(str(src))
-    for name, damage in [("empty_config", lambda d: (d / "config.json").write_text("")),
-                         ("short_weights", lambda d: _truncate(d / "model.safetensors")),
-                         ("no_weights", lambda d: (d / "model.safetensors").unlink())]:  # fmt: skip
+    for name, damage in [
+        ("empty_config", lambda d: (d / "config.json").write_text("")),
+        ("short_weights", lambda d: _truncate(d / "model.safetensors")),
+        ("no_weights", lambda d: (d / "model.safetensors").unlink()),
+    ]:
         copy = tmp_path / name
         shutil.copytree(src, copy)
         damage(copy)
@@ -380,8 +391,11 @@ def test_bootstrap_gain_and_heldout_curve():
     from avspo_openrlhf.cli.quickstart import bootstrap_gain, heldout_curve
 
     def recs(correct_by_level):
-        return [{"unique_id": f"{lv}/{i}", "level": lv, "correct": c}
-                for lv, rows in correct_by_level.items() for i, c in enumerate(rows)]  # fmt: skip
+        return [
+            {"unique_id": f"{lv}/{i}", "level": lv, "correct": c}
+            for lv, rows in correct_by_level.items()
+            for i, c in enumerate(rows)
+        ]
 
     before = recs({"add1": [[False] * 4] * 20, "mul1": [[True, False, False, False]] * 20})
     after = recs({"add1": [[True] * 4] * 20, "mul1": [[True, False, False, False]] * 20})

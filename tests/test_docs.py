@@ -281,8 +281,11 @@ def test_no_include_marker_is_mangled_in_the_sources():
 
 def test_the_built_site_shows_no_include_marker(site):
     """Every include was rendered: no page shows the marker itself."""
-    shown = [p.relative_to(site).as_posix() for p in sorted(site.rglob("*.html"))
-             if INCLUDE_MARKER.search(html.unescape(re.sub(r"<[^>]+>", "", p.read_text(encoding="utf-8"))))]  # fmt: skip
+    shown = [
+        p.relative_to(site).as_posix()
+        for p in sorted(site.rglob("*.html"))
+        if INCLUDE_MARKER.search(html.unescape(re.sub(r"<[^>]+>", "", p.read_text(encoding="utf-8"))))
+    ]
     assert not shown, f"pages showing an include marker: {shown}"
 
 
@@ -298,8 +301,10 @@ def _hooks():
 def test_option_names_are_kept_whole_outside_code_blocks_and_short_cells_on_one_line():
     pytest.importorskip("mkdocs", reason="the docs tools are not installed: pip install -r requirements-docs.txt")
     hooks = _hooks()
-    page = ('<p>set <code>--acr.reward_range 0 10</code> or --x.y, not non-zero, -0.5, a--b</p>'
-            '<pre><code>avspo-train --backend cpu</code></pre><td>short</td><td>' + "long " * 12 + "</td>")  # fmt: skip
+    page = (
+        "<p>set <code>--acr.reward_range 0 10</code> or --x.y, not non-zero, -0.5, a--b</p>"
+        "<pre><code>avspo-train --backend cpu</code></pre><td>short</td><td>" + "long " * 12 + "</td>"
+    )
     out = hooks.short_cells_on_one_line(hooks.keep_names_whole(page))
     assert re.findall(r'<span class="nobr">([^<]*)</span>', out) == ["--acr.reward_range", "--x.y"]
     assert "<pre><code>avspo-train --backend cpu</code></pre>" in out  # a code block wraps nothing
@@ -327,11 +332,13 @@ def test_the_browser_check_finds_a_broken_name_a_cut_table_a_squeezed_cell_and_a
         '<html><body><div class="md-content" style="width:300px"><div class="md-typeset">'
         '<p style="width:120px">see the option --acr.reward_range here</p>'
         '<table style="display:block;overflow:hidden;width:200px"><tr><td>x</td><td style="white-space:nowrap">'
-        + "wide " * 40 + "</td></tr></table>"
+        + "wide "
+        * 40
+        + "</td></tr></table>"
         f'<table><tr><td style="width:20px">{words}</td><td style="white-space:nowrap">{"w" * 200}</td></tr></table>'
         '<p>--8&lt;-- "examples/qae_remedy.py"</p></div></div></body></html>',
         encoding="utf-8",
-    )  # fmt: skip
+    )
     [(page, found)] = browser.check(tmp_path).items()
     assert found["broken_names"] == ["--acr.reward_range"], found
     assert found["cut_tables"] and found["squeezed_cells"] and found["includes"], found
@@ -377,8 +384,11 @@ def test_the_architecture_map_names_every_module_and_nothing_that_is_gone():
             if openrlhf is not None and not (openrlhf / path).exists():
                 gone.append(path)
         elif "/" not in path:  # a bare file name, in the context of its folder: some file of ours has it
-            if not any(p.name == path for d in ("avspo_openrlhf", "benchmarks", "experiments", "examples", "tests")
-                       for p in (ROOT / d).rglob(path)):  # fmt: skip
+            if not any(
+                p.name == path
+                for d in ("avspo_openrlhf", "benchmarks", "experiments", "examples", "tests")
+                for p in (ROOT / d).rglob(path)
+            ):
                 gone.append(path)
         elif not ((package / path).exists() or (ROOT / path).exists()):
             gone.append(path)
@@ -387,4 +397,9 @@ def test_the_architecture_map_names_every_module_and_nothing_that_is_gone():
 
 def test_the_architecture_check_sees_a_missing_module_and_a_gone_one():
     text = "| `algo/build.py` | x |\n`avspo_openrlhf/cli/train.py`, `examples/avspo_loop.py`, `openrlhf/cli/train_ppo_ray.py`"
-    assert architecture_paths(text) == {"algo/build.py", "cli/train.py", "examples/avspo_loop.py", "openrlhf/cli/train_ppo_ray.py"}  # fmt: skip
+    assert architecture_paths(text) == {
+        "algo/build.py",
+        "cli/train.py",
+        "examples/avspo_loop.py",
+        "openrlhf/cli/train_ppo_ray.py",
+    }

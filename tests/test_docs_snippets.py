@@ -139,8 +139,14 @@ def scratch(tmp_path_factory) -> Path:
 
 def _env(scratch: Path) -> dict:
     env = dict(os.environ)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline",
-               DS_ACCELERATOR="cpu", PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")  # fmt: skip
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_MODE="offline",
+        DS_ACCELERATOR="cpu",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+    )
     return env
 
 
@@ -173,7 +179,10 @@ def _wrote(page: str, scratch: Path) -> None:
 def test_the_parser_finds_blocks_languages_and_reasons():
     text = "a\n\n```bash\n# not run by the docs tests: needs 8 GPUs\nx\n```\n\n1. item\n\n    ```python\n    y = 1\n    ```\n"
     found = blocks("page.md", text)
-    assert [(b.line, b.lang, b.reason, b.runs) for b in found] == [(3, "bash", "needs 8 GPUs", False), (10, "python", None, True)]  # fmt: skip
+    assert [(b.line, b.lang, b.reason, b.runs) for b in found] == [
+        (3, "bash", "needs 8 GPUs", False),
+        (10, "python", None, True),
+    ]
     assert found[1].code == "y = 1\n"
 
 

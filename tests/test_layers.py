@@ -27,7 +27,7 @@ LAYERS = [
     (
         "backends: CPU backend, benchmark evaluation, run-time replacements, cluster helpers",
         {"cpu", "math_eval", "install", "cluster"},
-    ),  # fmt: skip
+    ),
     ("applications: every console script and the quickstart", {"cli"}),
     ("studies: experiments run through the applications, their comparisons and tables", {"study"}),
 ]
@@ -83,9 +83,12 @@ def test_every_part_of_the_package_has_a_layer():
 
 
 def test_imports_only_go_down():
-    ups = [f"{path.relative_to(PKG.parent)}:{line}: {src} ({LAYERS[LAYER_OF[src]][0].split(':')[0]}) imports {dst} "
-           f"({LAYERS[LAYER_OF[dst]][0].split(':')[0]})"
-           for path, line, src, dst in _edges() if LAYER_OF[dst] > LAYER_OF[src]]  # fmt: skip
+    ups = [
+        f"{path.relative_to(PKG.parent)}:{line}: {src} ({LAYERS[LAYER_OF[src]][0].split(':')[0]}) imports {dst} "
+        f"({LAYERS[LAYER_OF[dst]][0].split(':')[0]})"
+        for path, line, src, dst in _edges()
+        if LAYER_OF[dst] > LAYER_OF[src]
+    ]
     assert not ups, "imports that climb a layer:\n" + "\n".join(ups)
 
 
@@ -170,8 +173,13 @@ print(json.dumps({"hits": hits, "ours": ours}))
 
 
 def _watch(target: str, root: Path, blocked) -> dict:
-    out = subprocess.run([sys.executable, "-c", WATCH, target, str(root), ",".join(blocked)],
-                         cwd=PKG.parent, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", WATCH, target, str(root), ",".join(blocked)],
+        cwd=PKG.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

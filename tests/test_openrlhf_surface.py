@@ -18,16 +18,31 @@ PRIVATE = {
     "_collect_prompt_batch": ("trainer/ppo_utils/samples_generator.py", "std dynamic filter pulls replacement prompts"),
     "_dispatch_prompts_to_vllm": ("trainer/ppo_utils/samples_generator.py", "std dynamic filter dispatches groups"),
     "_generate_vllm": ("trainer/ppo_utils/samples_generator.py", "overridden: version tags, requeued prompts, filter"),
-    "_process_response_into_experience": ("trainer/ppo_utils/samples_generator.py", "overridden: policy_version, datasource tags"),
+    "_process_response_into_experience": (
+        "trainer/ppo_utils/samples_generator.py",
+        "overridden: policy_version, datasource tags",
+    ),
     "_compute_rollout_stats": ("trainer/ppo_trainer.py", "overridden: adds the experience maker's ACR metrics"),
-    "_load_agent_executor": ("trainer/ray/vllm_engine.py", "CPUEngine loads the reward/agent file like RolloutRayActor"),
+    "_load_agent_executor": (
+        "trainer/ray/vllm_engine.py",
+        "CPUEngine loads the reward/agent file like RolloutRayActor",
+    ),
     "_mm_pad_token_ids": ("trainer/ray/vllm_engine.py", "CPUEngine sets it: RolloutRayActor's generate path reads it"),
     "_partial_rollout": ("trainer/ppo_trainer_async.py", "our TrainingActor.broadcast_to_vllm reads it"),
-    "_dispatch_forward": ("trainer/ppo_utils/experience_maker.py", "overridden (trainer/token_level.py): the policy's forward also returns a token-level remedy's entropies"),
-    "_flatten_results": ("trainer/ppo_utils/experience_maker.py", "overridden (trainer/token_level.py): splits the policy's log-probs from those entropies"),
+    "_dispatch_forward": (
+        "trainer/ppo_utils/experience_maker.py",
+        "overridden (trainer/token_level.py): the policy's forward also returns a token-level remedy's entropies",
+    ),
+    "_flatten_results": (
+        "trainer/ppo_utils/experience_maker.py",
+        "overridden (trainer/token_level.py): splits the policy's log-probs from those entropies",
+    ),
     "_read_ckpt_metric": ("utils/deepspeed/deepspeed.py", "CrashSafeStrategy evicts in OpenRLHF's order (metric)"),
-    "_master_port": ("trainer/ray/launcher.py", "CPU actors serve the rendezvous store on loopback and set the port it reads"),
-}  # fmt: skip
+    "_master_port": (
+        "trainer/ray/launcher.py",
+        "CPU actors serve the rendezvous store on loopback and set the port it reads",
+    ),
+}
 
 # attributes of PPOTrainerAsync that OpenRLHF's fit()/get_max_steps() read and our own __init__ sets
 ASYNC_TRAINER_ATTRS = ("generator_actor", "trainer_actor")
@@ -130,8 +145,11 @@ def test_no_patching_outside_install_module():
     attributes of another module or class (setattr on a module, mock.patch, ``module.attr = ...``,
     a ``Swap``); the scan would catch the old runpy/parse_args/ray.is_initialized patches and the
     async trainer's module-global swap."""
-    pattern = re.compile(r"unittest|mock\.patch|\bSwap\(|setattr\((_?async|ray|argparse|orl_\w+|ppo_\w+|torch)\b|"
-                         r"^\s*(ray|argparse|torch|_async|ppo_trainer\w*|orl_\w+)\.[\w.]+\s*=[^=]", re.M)  # fmt: skip
+    pattern = re.compile(
+        r"unittest|mock\.patch|\bSwap\(|setattr\((_?async|ray|argparse|orl_\w+|ppo_\w+|torch)\b|"
+        r"^\s*(ray|argparse|torch|_async|ppo_trainer\w*|orl_\w+)\.[\w.]+\s*=[^=]",
+        re.M,
+    )
     allowed = {"install.py", "swap.py", "cpu/worker.py", "cpu/cuda_shims.py"}
     offenders = []
     for f in OURS.rglob("*.py"):
@@ -144,13 +162,28 @@ def test_no_patching_outside_install_module():
 # Upstream method bodies we mirror in our own code (copied and changed, not called): the AST hash of
 # each in OpenRLHF 0.11.2. When OpenRLHF changes one, this names it and the copy to re-check.
 MIRRORED = [
-    ("trainer/ppo_trainer_async.py", "PPOTrainerAsync", "__init__", "b7b0f8597d44dcaf",
-     "avspo_openrlhf/trainer/trainers.py: _PPOTrainerAsync.__init__ (queue, slots, vLLM lock, actors)"),
-    ("trainer/ppo_trainer_async.py", "TrainingActor", "broadcast_to_vllm", "8a19a788a2547104",
-     "avspo_openrlhf/trainer/trainers.py: _TrainingActor.broadcast_to_vllm (lock, pause, version)"),
-    ("trainer/ppo_utils/samples_generator.py", "SamplesGenerator", "_generate_vllm", "6dacc17794e952d0",
-     "avspo_openrlhf/trainer/samples.py: RemedySamplesGenerator._generate_std_filtered (dispatch, wait, refill)"),
-]  # fmt: skip
+    (
+        "trainer/ppo_trainer_async.py",
+        "PPOTrainerAsync",
+        "__init__",
+        "b7b0f8597d44dcaf",
+        "avspo_openrlhf/trainer/trainers.py: _PPOTrainerAsync.__init__ (queue, slots, vLLM lock, actors)",
+    ),
+    (
+        "trainer/ppo_trainer_async.py",
+        "TrainingActor",
+        "broadcast_to_vllm",
+        "8a19a788a2547104",
+        "avspo_openrlhf/trainer/trainers.py: _TrainingActor.broadcast_to_vllm (lock, pause, version)",
+    ),
+    (
+        "trainer/ppo_utils/samples_generator.py",
+        "SamplesGenerator",
+        "_generate_vllm",
+        "6dacc17794e952d0",
+        "avspo_openrlhf/trainer/samples.py: RemedySamplesGenerator._generate_std_filtered (dispatch, wait, refill)",
+    ),
+]
 
 
 def _method_hash(path: str, cls: str, fn: str) -> str | None:

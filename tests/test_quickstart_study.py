@@ -15,9 +15,15 @@ FOLDER = ROOT / "experiments" / "quickstart_default"
 
 def _seed(cpu: str, **extra) -> dict:
     gain = {lv: (0.1, 0.02, 0.2) for lv in ("all", "add1", "mul1", "add2")}
-    return {"wall_min": 6.0, "before": {"pass@1": 0.3, "truncation_rate": 0.45},
-            "after": {"pass@1": 0.45, "truncation_rate": 0.1}, "gain_ci95": gain, "cpu": cpu,
-            "precision": {"rollout engine": "float32", "policy": "float32"}, **extra}  # fmt: skip
+    return {
+        "wall_min": 6.0,
+        "before": {"pass@1": 0.3, "truncation_rate": 0.45},
+        "after": {"pass@1": 0.45, "truncation_rate": 0.1},
+        "gain_ci95": gain,
+        "cpu": cpu,
+        "precision": {"rollout engine": "float32", "policy": "float32"},
+        **extra,
+    }
 
 
 def test_a_row_per_seed_then_the_machines_and_precisions():

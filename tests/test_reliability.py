@@ -117,8 +117,15 @@ def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     err = open(tmp_path / "probe.err", "w+")
-    proc = subprocess.Popen([sys.executable, "-c", PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            stderr=err, env=env, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PROBE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        stderr=err,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         line = "-"
         while line and not line.startswith("PROBE "):  # Ray and wandb print their own lines first
@@ -144,9 +151,14 @@ def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
         assert 401 in statuses.values(), statuses  # the agents answered, and refused
         # a Ray client without the token is refused by the GCS (on loopback: without the switch, Ray's
         # client would swap 127.0.0.1 for the host's address, where nothing of the run listens)
-        join = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address={info['gcs']!r})"],
-                              capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                              env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})  # fmt: skip
+        join = subprocess.run(
+            [sys.executable, "-c", f"import ray; ray.init(address={info['gcs']!r})"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=tmp_path,
+            env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        )
         assert join.returncode != 0 and "auth" in (join.stdout + join.stderr).lower(), join.stderr[-2000:]
         time.sleep(1)
         assert not marker.exists()
@@ -250,13 +262,25 @@ def test_a_kill_during_a_checkpoint_loses_nothing_at_max_num_1(tmp_path, monkeyp
 @pytest.mark.parametrize(
     "body, message",
     [
-        ("import time\ntime.sleep(600)\ndef reward_func(queries, prompts, labels): pass\n", "no answer after 3 s (importing"),
-        ("def reward_func(queries, prompts, labels):\n    while True: pass\n", "no answer after 2 s (scoring the first row)"),
-        ("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0]}\n", "returned 1 rewards for 2 queries"),
-        ("def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0, float('nan')]}\n", "non-finite reward"),
+        (
+            "import time\ntime.sleep(600)\ndef reward_func(queries, prompts, labels): pass\n",
+            "no answer after 3 s (importing",
+        ),
+        (
+            "def reward_func(queries, prompts, labels):\n    while True: pass\n",
+            "no answer after 2 s (scoring the first row)",
+        ),
+        (
+            "def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0]}\n",
+            "returned 1 rewards for 2 queries",
+        ),
+        (
+            "def reward_func(queries, prompts, labels):\n    return {'rewards': [1.0, float('nan')]}\n",
+            "non-finite reward",
+        ),
         ("def reward_func(queries, prompts, labels):\n    return {'rewards': ['yes', 'no']}\n", "must be numbers"),
     ],
-)  # fmt: skip
+)
 def test_a_reward_file_that_hangs_or_lies_fails_in_one_line_before_ray(tmp_path, monkeypatch, capsys, body, message):
     from avspo_openrlhf.cli import preflight
 
@@ -275,8 +299,10 @@ def test_a_slow_import_does_not_eat_the_calls_deadline(tmp_path):
     from avspo_openrlhf.cli.preflight import check_reward_file
 
     reward = tmp_path / "slow_import.py"
-    reward.write_text("import time\ntime.sleep(3)\ndef reward_func(queries, prompts, labels):\n"
-                      "    return {'rewards': [0.0] * len(queries)}\n")  # fmt: skip
+    reward.write_text(
+        "import time\ntime.sleep(3)\ndef reward_func(queries, prompts, labels):\n"
+        "    return {'rewards': [0.0] * len(queries)}\n"
+    )
     check_reward_file(str(reward), {"prompt": "q", "answer": "1"}, "prompt", "answer", timeout_s=10, call_timeout_s=2)
 
 
@@ -346,8 +372,14 @@ def test_kill_9_of_the_driver_takes_its_ray_processes_with_it(tmp_path):
     import psutil
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, env=env, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     try:
         line = "-"
         while line and not line.startswith("PROBE "):

@@ -291,7 +291,7 @@ def test_the_dataloader_state_carries_the_greso_state():
         (
             ["--greso.enable", "--greso.p_easy", "0.99"],
             "--greso.p_easy must lie within --greso.p_bounds [0.05, 0.95], got 0.99",
-        ),  # fmt: skip
+        ),
         (["--greso.enable", "--greso.audit", "2"], "--greso.audit must be in [0, 1], got 2.0"),
         (["--run.max_generated_tokens", "0"], "--run.max_generated_tokens must be >= 1"),
         (["--remedy", "avspo", "--avspo.alpha", "-1"], "--avspo.alpha must be > 0, got -1.0"),
@@ -302,7 +302,7 @@ def test_the_dataloader_state_carries_the_greso_state():
         (
             ["--remedy", "avspo", "--avspo.num_virtual", "2", "--avspo.strategy", "opposite"],
             "--avspo.num_virtual cannot be combined with --avspo.strategy opposite",
-        ),  # fmt: skip
+        ),
         (["--monitor.kl_bound", "-0.1"], "--monitor.kl_bound must be >= 0, got -0.1"),
         (["--buffer.max_staleness", "-1"], "--buffer.max_staleness must be >= 0, got -1"),
     ],

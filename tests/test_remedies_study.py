@@ -208,12 +208,24 @@ def test_per_seed_and_per_level_tables_closed_form(study):
     """The per-seed table holds each run's number in its (seed, method) cell and leaves a run not yet
     done empty; the per-level table is the mean over a method's seeds, '-' where no run recorded it."""
     runs = [
-        {"method": "GRPO", "seed": 0, "heldout_pass1": 0.5, "heldout_by_level": {"add1": 0.9, "multi": 0.1},
-         "acr_all_wrong": 0.4, "acr_all_right": 0.2},
-        {"method": "GRPO", "seed": 1, "heldout_pass1": 0.625, "heldout_by_level": {"add1": 0.8, "multi": 0.3},
-         "acr_all_wrong": 0.2, "acr_all_right": 0.4},
+        {
+            "method": "GRPO",
+            "seed": 0,
+            "heldout_pass1": 0.5,
+            "heldout_by_level": {"add1": 0.9, "multi": 0.1},
+            "acr_all_wrong": 0.4,
+            "acr_all_right": 0.2,
+        },
+        {
+            "method": "GRPO",
+            "seed": 1,
+            "heldout_pass1": 0.625,
+            "heldout_by_level": {"add1": 0.8, "multi": 0.3},
+            "acr_all_wrong": 0.2,
+            "acr_all_right": 0.4,
+        },
         {"method": "AVSPO", "seed": 1, "heldout_pass1": 0.75, "heldout_by_level": {"add1": 1.0}},
-    ]  # fmt: skip
+    ]
     lines = study.seed_and_level_tables(runs, ["GRPO", "AVSPO"])
     assert "| 0 | 50.0 |  |" in lines and "| 1 | 62.5 | 75.0 |" in lines
     assert "| GRPO | 2 | 85.0 | - | - | 20.0 | 0.30 | 0.30 |" in lines
@@ -223,8 +235,12 @@ def test_per_seed_and_per_level_tables_closed_form(study):
 def test_both_passes_pool_as_draws_paired_within_each(study):
     """A seed run in both passes is two draws; the second pass contributes its first-300 number, a
     run without one (another set) stays out; mean, t interval and sign-flip p by hand."""
-    first = [{"method": "GRPO", "seed": 0, "heldout_pass1": 0.50}, {"method": "AVSPO", "seed": 0, "heldout_pass1": 0.60},
-             {"method": "GRPO", "seed": 1, "heldout_pass1": 0.50}, {"method": "AVSPO", "seed": 1, "heldout_pass1": 0.40}]  # fmt: skip
+    first = [
+        {"method": "GRPO", "seed": 0, "heldout_pass1": 0.50},
+        {"method": "AVSPO", "seed": 0, "heldout_pass1": 0.60},
+        {"method": "GRPO", "seed": 1, "heldout_pass1": 0.50},
+        {"method": "AVSPO", "seed": 1, "heldout_pass1": 0.40},
+    ]
     second = [
         {"method": "GRPO", "seed": 0, "heldout_pass1": 0.9, "heldout_pass1_first": 0.55, "heldout_problems": 1200},
         {"method": "AVSPO", "seed": 0, "heldout_pass1": 0.1, "heldout_pass1_first": 0.85, "heldout_problems": 1200},
@@ -280,8 +296,11 @@ def test_per_seed_file_holds_every_run_of_both_passes_without_its_records(study)
     first = {
         "before_pass1": 0.25,
         "summary": {"NGRPO": {"vs_GRPO": {"diff": -0.1}, "heldout_pass1": [0.4]}},
-        "runs": [{"method": "GRPO", "seed": 0, "heldout_pass1": 0.5}, {"method": "NGRPO", "seed": 0, "heldout_pass1": 0.4}],
-    }  # fmt: skip
+        "runs": [
+            {"method": "GRPO", "seed": 0, "heldout_pass1": 0.5},
+            {"method": "NGRPO", "seed": 0, "heldout_pass1": 0.4},
+        ],
+    }
     out = study.per_seed_summary(second, summary, first, 16_000, 0.24)
     grpo = out["second_pass"]["methods"]["GRPO"]
     assert [r["seed"] for r in grpo["runs"]] == [0, 1] and grpo["seeds"] == 2 and grpo["target_seeds"] == 5
@@ -290,8 +309,11 @@ def test_per_seed_file_holds_every_run_of_both_passes_without_its_records(study)
     assert out["second_pass"]["cpu"] == "c (1 run); not recorded (3 runs)"  # the pass names its machines
     assert grpo["vs_DAPO-DS"] is None and out["second_pass"]["methods"]["AVSPO"]["vs_GRPO"] == {"diff": -0.75}
     assert out["first_pass"]["methods"]["NGRPO"] == {
-        "seeds": 1, "target_seeds": 5, "runs": [{"seed": 0, "heldout_pass1": 0.4}], "vs_GRPO": {"diff": -0.1}
-    }  # fmt: skip
+        "seeds": 1,
+        "target_seeds": 5,
+        "runs": [{"seed": 0, "heldout_pass1": 0.4}],
+        "vs_GRPO": {"diff": -0.1},
+    }
     # pooled draws (first 300): second pass seed 0 -0.5, seed 1 +0.5; first pass has no AVSPO run
     pooled = out["pooled_first_300"]["AVSPO"]["vs_GRPO"]
     assert pooled["pairs"] == 2 and math.isclose(pooled["diff"], 0.0)
@@ -322,8 +344,16 @@ def test_the_published_results_rebuild_byte_for_byte_from_the_stored_runs(tmp_pa
     pub = tmp_path / "pub"
     pub.mkdir()
     (pub / "results.json").write_bytes((results / "results.json").read_bytes())
-    r = _script("experiments/remedies/run.py", "--out", str(tmp_path / "runs"), "--report-only", "--publish", str(pub),
-                "--per-seed-json", str(tmp_path / "per_seed.json"))  # fmt: skip
+    r = _script(
+        "experiments/remedies/run.py",
+        "--out",
+        str(tmp_path / "runs"),
+        "--report-only",
+        "--publish",
+        str(pub),
+        "--per-seed-json",
+        str(tmp_path / "per_seed.json"),
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     for name in ("results.md", "results.json", "acr_vs_accuracy.md", "acr_vs_accuracy.json"):
         assert (pub / name).read_bytes() == (results / name).read_bytes(), name

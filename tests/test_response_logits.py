@@ -78,8 +78,10 @@ def test_other_cases_go_to_openrlhfs_forward(tmp_path):
     use_response_logits(ours)
     seq, _, attention_mask = _batch()
     with torch.no_grad():  # no action mask: every position's log-probs, as OpenRLHF returns them
-        assert torch.equal(ours(seq, None, attention_mask, return_logprobs=True),
-                           theirs(seq, None, attention_mask, return_logprobs=True))  # fmt: skip
+        assert torch.equal(
+            ours(seq, None, attention_mask, return_logprobs=True),
+            theirs(seq, None, attention_mask, return_logprobs=True),
+        )
 
 
 def test_the_openrlhf_surface_it_relies_on():
@@ -89,8 +91,17 @@ def test_the_openrlhf_surface_it_relies_on():
     from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
     assert list(inspect.signature(Actor.forward).parameters) == [
-        "self", "sequences", "action_mask", "attention_mask", "return_output", "allgather_logits", "return_logprobs",
-        "ring_attn_group", "packed_seq_lens", "return_entropy", "mm_inputs",
-    ]  # fmt: skip
+        "self",
+        "sequences",
+        "action_mask",
+        "attention_mask",
+        "return_output",
+        "allgather_logits",
+        "return_logprobs",
+        "ring_attn_group",
+        "packed_seq_lens",
+        "return_entropy",
+        "mm_inputs",
+    ]
     for cls in (LlamaForCausalLM, Qwen2ForCausalLM):
         assert "logits_to_keep" in inspect.signature(cls.forward).parameters

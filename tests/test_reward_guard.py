@@ -87,8 +87,11 @@ def test_avspo_train_wraps_user_files_only(user_file, tmp_path):
     from avspo_openrlhf.rewards import arith_reward
     from avspo_openrlhf.trainer.reward_files import guard_reward_files
 
-    args = NS(reward=NS(remote_url=[user_file, arith_reward.__file__]), ckpt=NS(path=str(tmp_path / "ckpt")),
-              run=NS(reward_timeout_s=5.0, reward_memory_mb=1024, reward_workers=3))  # fmt: skip
+    args = NS(
+        reward=NS(remote_url=[user_file, arith_reward.__file__]),
+        ckpt=NS(path=str(tmp_path / "ckpt")),
+        run=NS(reward_timeout_s=5.0, reward_memory_mb=1024, reward_workers=3),
+    )
     (tmp_path / "ckpt" / ".avspo").mkdir(parents=True)
     stale = guard_error_file(str(tmp_path / "ckpt" / ".avspo"))
     open(stale, "w").write("from an earlier run")
@@ -140,8 +143,13 @@ def test_a_reward_file_that_hangs_mid_run_stops_the_run_naming_it(tmp_path_facto
     flags = pipeline._flags(assets, out, "--run.reward_timeout_s", "3")
     flags[flags.index("--reward.remote_url") + 1] = str(reward)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "avspo_openrlhf.cli.train", *flags], capture_output=True, text=True,
-                       timeout=600, env=pipeline.ENV)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=pipeline.ENV,
+    )
     log = r.stdout + r.stderr
     assert r.returncode != 0, log[-3000:]
     assert "reward file under a 3 s timeout per call" in log

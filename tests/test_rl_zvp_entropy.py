@@ -29,8 +29,17 @@ def _in_process(monkeypatch):
 
 
 def _args(*flags):
-    return parse("--rollout.n_samples_per_prompt", str(G), "--rollout.batch_size", "3",
-                 "--rollout.micro_batch_size", "4", "--remedy", "rl_zvp", *flags)  # fmt: skip
+    return parse(
+        "--rollout.n_samples_per_prompt",
+        str(G),
+        "--rollout.batch_size",
+        "3",
+        "--rollout.micro_batch_size",
+        "4",
+        "--remedy",
+        "rl_zvp",
+        *flags,
+    )
 
 
 def test_the_log_prob_forward_brings_the_entropies_of_exactly_the_zero_variance_responses():
@@ -112,10 +121,32 @@ def test_rl_zvp_makes_no_forward_pass_beyond_grpos_on_the_tiny_model(tmp_path, m
         monkeypatch.delenv(name)
     model = build_tiny_model(str(tmp_path / "tiny"))
     batch = "12" if old_pass == "skipped" else "4"  # 4 of 12 samples a step: later steps need the old pass
-    args = _args("--actor.model_name_or_path", model, "--ds.zero_stage", "2", "--ds.attn_implementation", "eager",
-                 "--train.batch_size", batch, "--train.micro_batch_size", "4", "--data.max_len", "64",
-                 "--backend", "cpu", "--cpu.dtype", "fp32", "--vllm.sync_backend", "gloo", "--algo.kl.init_coef", "0",
-                 "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0")  # fmt: skip
+    args = _args(
+        "--actor.model_name_or_path",
+        model,
+        "--ds.zero_stage",
+        "2",
+        "--ds.attn_implementation",
+        "eager",
+        "--train.batch_size",
+        batch,
+        "--train.micro_batch_size",
+        "4",
+        "--data.max_len",
+        "64",
+        "--backend",
+        "cpu",
+        "--cpu.dtype",
+        "fp32",
+        "--vllm.sync_backend",
+        "gloo",
+        "--algo.kl.init_coef",
+        "0",
+        "--actor.adam.lr",
+        "1e-3",
+        "--actor.lr_warmup_ratio",
+        "0",
+    )
     sign = zero_variance_sign(REWARDS)
     with installed(cpu=True), torch.compiler.set_stance("force_eager"):  # CPU workers run without dynamo
         actor = CPUPolicyModelActor(1, 0, "127.0.0.1", free_port())
@@ -202,8 +233,10 @@ def test_make_experience_still_sends_the_policys_forward_through_the_two_hooks()
     dispatch = re.search(r"(\w+) = self\._dispatch_forward\(\s*self\.actor_model_group,", src)
     assert dispatch, "make_experience no longer dispatches the policy's forward through _dispatch_forward"
     assert re.search(rf"self\._flatten_results\({dispatch.group(1)}, ", src)
-    for name, params in (("_dispatch_forward", ["self", "group", "sync_condition", "kwargs"]),
-                         ("_flatten_results", ["self", "refs", "duplicate_factor"])):  # fmt: skip
+    for name, params in (
+        ("_dispatch_forward", ["self", "group", "sync_condition", "kwargs"]),
+        ("_flatten_results", ["self", "refs", "duplicate_factor"]),
+    ):
         assert list(inspect.signature(getattr(RemoteExperienceMaker, name)).parameters) == params, name
     body = inspect.getsource(RemoteExperienceMaker._dispatch_forward)
     assert 'async_run_method_batch(method_name="forward", **kwargs)' in body  # our kwarg reaches the actors
@@ -243,8 +276,16 @@ def test_the_rows_entropies_equal_openrlhfs_return_entropy(tmp_path, packing):
     from avspo_openrlhf.cpu.tiny import build_tiny_model
     from avspo_openrlhf.trainer.token_level import log_probs_and_entropy
 
-    actor = Actor(build_tiny_model(str(tmp_path / "tiny")), attn_implementation="eager", param_dtype="bf16",
-                  packing_samples=packing).float().eval()  # fmt: skip
+    actor = (
+        Actor(
+            build_tiny_model(str(tmp_path / "tiny")),
+            attn_implementation="eager",
+            param_dtype="bf16",
+            packing_samples=packing,
+        )
+        .float()
+        .eval()
+    )
     gen = torch.Generator(device="cpu").manual_seed(0)
     seq = torch.randint(5, 300, (4, 12), generator=gen, device="cpu")
     action_mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2, [1] * 7, [1] * 3 + [0] * 4], dtype=torch.bool)

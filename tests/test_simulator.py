@@ -63,8 +63,11 @@ def test_async_q1_staleness_is_one_after_the_first_step():
 @pytest.mark.parametrize("seed", range(5))
 def test_staleness_never_exceeds_queue_size_or_bound(seed):
     rng = random.Random(seed)
-    w = Workload(Dist(tuple(rng.uniform(0.5, 4) for _ in range(20)), tail_sigma=0.8),
-                 Dist(tuple(rng.uniform(0.5, 4) for _ in range(20))), Dist.const(0.2))  # fmt: skip
+    w = Workload(
+        Dist(tuple(rng.uniform(0.5, 4) for _ in range(20)), tail_sigma=0.8),
+        Dist(tuple(rng.uniform(0.5, 4) for _ in range(20))),
+        Dist.const(0.2),
+    )
     for q in (1, 2, 4):
         res = simulate(w, PipelineConfig("async", q), steps=60, seed=seed)
         assert len(res.steps) == 60 and max(st["staleness"] for st in res.steps) <= q
@@ -122,11 +125,22 @@ def _synthetic_metrics(path, gen, train, sync, lock=None, start=1_700_000_000.0)
     for i, (g, tr, s) in enumerate(zip(gen, train, sync)):
         lw = 0.0 if lock is None else lock[i]
         me, pt = 0.4 * tr, 0.6 * tr
-        row = {"kind": "train", "step": i + 1, "timing/generation": g, "timing/make_experience": me,
-               "timing/ppo_train": pt, "timing/broadcast": s + lw, "async/sync_lock_wait_s": lw,
-               "rollout/num_samples": 16.0, "rollout/response_length_mean": 20.0, "async/staleness": 0.0,
-               "timeline/gen_start": t, "timeline/gen_end": t + g, "timeline/step_start": t + g,
-               "timeline/step_end": t + g + tr + s + lw}  # fmt: skip
+        row = {
+            "kind": "train",
+            "step": i + 1,
+            "timing/generation": g,
+            "timing/make_experience": me,
+            "timing/ppo_train": pt,
+            "timing/broadcast": s + lw,
+            "async/sync_lock_wait_s": lw,
+            "rollout/num_samples": 16.0,
+            "rollout/response_length_mean": 20.0,
+            "async/staleness": 0.0,
+            "timeline/gen_start": t,
+            "timeline/gen_end": t + g,
+            "timeline/step_start": t + g,
+            "timeline/step_end": t + g + tr + s + lw,
+        }
         t = row["timeline/step_end"]
         rows.append(row)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -186,8 +200,10 @@ def test_cli_from_metrics_phase_times_and_cluster(tmp_path, capsys):
     assert simulate_main(["--phase-times", "4", "2", "0.5", "--queue-size", "1", "--max-staleness", "1"]) == 0
     assert "max_staleness=1" in capsys.readouterr().out
     csv = tmp_path / "cluster.csv"
-    csv.write_text("# comment\nname,gen_gpus,train_gpus,gen_s,train_s,sync_s,source\n"
-                   "colocated 8,8,0,10,5,0,x\nsplit 4/4,4,4,20,10,1,x\nsplit 6/2,6,2,13.3,20,1,x\n")  # fmt: skip
+    csv.write_text(
+        "# comment\nname,gen_gpus,train_gpus,gen_s,train_s,sync_s,source\n"
+        "colocated 8,8,0,10,5,0,x\nsplit 4/4,4,4,20,10,1,x\nsplit 6/2,6,2,13.3,20,1,x\n"
+    )
     assert simulate_main(["--cluster", str(csv), "--queue-size", "1"]) == 0
     out = capsys.readouterr().out
     assert "| colocated 8 | sync | 15 |" in out and "| split 4/4 | async q=1 | 21 |" in out
@@ -205,9 +221,19 @@ def test_one_warm_up_rule_for_rates_and_calibration():
     gen = [5.0, 3.0, 0.5, 0.5, 0.5, 0.5]  # step 1 warm, step 2 slow, then steady
     rows, t = [], 0.0
     for i, g in enumerate(gen, 1):  # a sync run: generate, train 0.5 s, no sync
-        rows.append({"step": i, "timing/generation": g, "timing/make_experience": 0.2, "timing/ppo_train": 0.3,
-                     "timing/broadcast": 0.0, "timeline/gen_start": t, "timeline/gen_end": t + g,
-                     "timeline/step_start": t + g, "timeline/step_end": t + g + 0.5})  # fmt: skip
+        rows.append(
+            {
+                "step": i,
+                "timing/generation": g,
+                "timing/make_experience": 0.2,
+                "timing/ppo_train": 0.3,
+                "timing/broadcast": 0.0,
+                "timeline/gen_start": t,
+                "timeline/gen_end": t + g,
+                "timeline/step_start": t + g,
+                "timeline/step_end": t + g + 0.5,
+            }
+        )
         t += g + 0.5
     steps, spans = measured_timeline(rows)
     measured = summarize(steps, spans, 1.0, 0.0)["step_s"]
@@ -292,8 +318,15 @@ def test_train_slowdown_and_async_overhead_closed_forms():
         0.75 + (1 - 0.75 / 1.2) + 0.1
     )
     # sync: nothing overlaps, neither slowdown applies; the async overhead applies to async steps only
-    split = Workload(Dist.const(0.5), Dist.const(1.0), Dist.const(0.1), overhead=0.01, async_overhead=0.05,
-                     train_slowdown=0.2, overlap_slowdown=0.5)  # fmt: skip
+    split = Workload(
+        Dist.const(0.5),
+        Dist.const(1.0),
+        Dist.const(0.1),
+        overhead=0.01,
+        async_overhead=0.05,
+        train_slowdown=0.2,
+        overlap_slowdown=0.5,
+    )
     assert simulate(split, PipelineConfig("sync"), 50).summary()["step_s"] == pytest.approx(1.61)
     assert simulate(split, PipelineConfig("async", 1), 200).summary()["step_s"] == pytest.approx(
         0.75 + (1 - 0.75 / 1.2) + 0.1 + 0.05
@@ -352,18 +385,39 @@ def test_overhead_and_slowdown_are_calibrated_from_a_sync_and_an_async_run(tmp_p
     # an async run: generation 15 % slower, 0.05 s between the trainer's steps that no timer covers
     rows, end = [], 100.0
     for i in range(8):
-        rows.append({"step": i + 1, "timing/generation": 2.3, "timing/make_experience": 0.4, "timing/ppo_train": 0.6,
-                     "timing/broadcast": 0.2, "async/sync_lock_wait_s": 0.0, "async/staleness": 1.0,
-                     "async/trainer_idle_s": 1.0, "timeline/gen_start": end - 1.3, "timeline/gen_end": end + 1.0,
-                     "timeline/step_start": end + 1.05, "timeline/step_end": end + 2.25})  # fmt: skip
+        rows.append(
+            {
+                "step": i + 1,
+                "timing/generation": 2.3,
+                "timing/make_experience": 0.4,
+                "timing/ppo_train": 0.6,
+                "timing/broadcast": 0.2,
+                "async/sync_lock_wait_s": 0.0,
+                "async/staleness": 1.0,
+                "async/trainer_idle_s": 1.0,
+                "timeline/gen_start": end - 1.3,
+                "timeline/gen_end": end + 1.0,
+                "timeline/step_start": end + 1.05,
+                "timeline/step_end": end + 2.25,
+            }
+        )
         end += 2.25
     assert step_overhead(sync_rows) == pytest.approx(0.0, abs=1e-9)
     o = overlap_calibration(sync_rows, rows)
     assert o["overlap_slowdown"] == pytest.approx(0.15) and o["overhead"] == pytest.approx(0.05)
     assert o["train_slowdown"] == pytest.approx(0.0)  # 1.0 s of training in both runs
     # a batch done before the previous step ended: the trainer's "idle" time is hand-over, not waiting
-    ready = [dict(r, **{"timeline/gen_start": r["timeline/gen_start"] - 1.2, "timeline/gen_end": r["timeline/gen_end"] - 1.2,
-                        "timing/ppo_train": 0.66}) for r in rows]  # fmt: skip
+    ready = [
+        dict(
+            r,
+            **{
+                "timeline/gen_start": r["timeline/gen_start"] - 1.2,
+                "timeline/gen_end": r["timeline/gen_end"] - 1.2,
+                "timing/ppo_train": 0.66,
+            },
+        )
+        for r in rows
+    ]
     # interval 2.25 = train 1.06 + sync 0.2 + 0.99 that no phase covers (the 1.0 s the idle timer counts is hand-over)
     assert step_overhead(ready) == pytest.approx(0.99)
     assert overlap_calibration(sync_rows, ready)["train_slowdown"] == pytest.approx(0.06)

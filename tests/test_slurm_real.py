@@ -417,8 +417,10 @@ def test_a_missing_dataset_is_refused_before_anything_is_queued(slurm, tmp_path)
                         name, "--", "--data.prompt_dataset", str(missing)],
                        capture_output=True, text=True, env=_env(tmp_path), timeout=300)  # fmt: skip
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
-    assert r.stderr.splitlines() == [f"avspo-launch: error: tiny_cpu_smoke: {missing}: no such file (a path only the "
-                                     "compute nodes see: --allow-missing-paths); nothing was submitted"]  # fmt: skip
+    assert r.stderr.splitlines() == [
+        f"avspo-launch: error: tiny_cpu_smoke: {missing}: no such file (a path only the "
+        "compute nodes see: --allow-missing-paths); nothing was submitted"
+    ]
     jobs = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout
     assert f"JobName={name} " not in jobs and not (tmp_path / "logs").exists()
 

@@ -16,15 +16,30 @@ transformers = pytest.importorskip("transformers")
 def _models(kind: str, k: int):
     torch.manual_seed(0)
     if kind == "qwen2":
-        cfg = transformers.Qwen2Config(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                       max_position_embeddings=128)  # fmt: skip
+        cfg = transformers.Qwen2Config(
+            vocab_size=97,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            max_position_embeddings=128,
+        )
         cls = transformers.Qwen2ForCausalLM
     else:  # SmolLM2's shape in small: GQA 3:1, head_dim given, rope theta 1e5, tied
-        cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                                       num_attention_heads=3, num_key_value_heads=1, head_dim=16,
-                                       tie_word_embeddings=kind == "llama", max_position_embeddings=128,
-                                       rope_parameters={"rope_theta": 100000.0, "rope_type": "default"})  # fmt: skip
+        cfg = transformers.LlamaConfig(
+            vocab_size=97,
+            hidden_size=48,
+            intermediate_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=16,
+            tie_word_embeddings=kind == "llama",
+            max_position_embeddings=128,
+            rope_parameters={"rope_theta": 100000.0, "rope_type": "default"},
+        )
         cls = transformers.LlamaForCausalLM
     models = [cls(cfg).eval() for _ in range(k)]  # K runs: K different weights
     return cfg, models
@@ -128,8 +143,10 @@ def test_stacked_adamw_equals_k_torch_optimizers_with_per_run_clipping_and_skips
     params = {n: w.clone().requires_grad_(True) for n, w in weights.items()}
     opt = stacked.StackedAdamW(params, lrs, betas=(0.9, 0.95))
     refs = [{n: w[i].clone().requires_grad_(True) for n, w in weights.items()} for i in range(k)]
-    ref_opts = [torch.optim.AdamW(list(r.values()), lr=float(lrs[i]), betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
-                for i, r in enumerate(refs)]  # fmt: skip
+    ref_opts = [
+        torch.optim.AdamW(list(r.values()), lr=float(lrs[i]), betas=(0.9, 0.95), weight_decay=0.0, foreach=False)
+        for i, r in enumerate(refs)
+    ]
     for step in range(4):
         grads = {n: torch.randn_like(w) * (10.0 if step == 1 else 0.1) for n, w in weights.items()}
         if step == 2:

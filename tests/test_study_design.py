@@ -24,9 +24,22 @@ from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, StudyError, chec
 pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-SMALL = StudySettings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=0.7, lr=1e-3, token_budget=150,
-                 reward="study_reward:parity", acr={"tau_init": 0.25, "window": 2}, eval_n=2, mid_eval_tokens=40,
-                 mid_eval_problems=4, ckpt_every=0, micro_batch=4, gen_batch=16)  # fmt: skip
+SMALL = StudySettings(
+    group_size=4,
+    prompts_per_step=2,
+    max_new_tokens=8,
+    temperature=0.7,
+    lr=1e-3,
+    token_budget=150,
+    reward="study_reward:parity",
+    acr={"tau_init": 0.25, "window": 2},
+    eval_n=2,
+    mid_eval_tokens=40,
+    mid_eval_problems=4,
+    ckpt_every=0,
+    micro_batch=4,
+    gen_batch=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +51,15 @@ pytestmark = pytest.mark.usefixtures("study_rewards")
 
 
 def spec(assets, arm: Arm, seed: int = 0, method: str = "arm", **settings) -> RunSpec:
-    return RunSpec(method=method, seed=seed, arm=arm, settings=dataclasses.replace(SMALL, **settings),
-                   model=assets["model"], train=assets["train"], heldout=assets["heldout"])  # fmt: skip
+    return RunSpec(
+        method=method,
+        seed=seed,
+        arm=arm,
+        settings=dataclasses.replace(SMALL, **settings),
+        model=assets["model"],
+        train=assets["train"],
+        heldout=assets["heldout"],
+    )
 
 
 # ── 1. on-policy log-probs ──
@@ -175,16 +195,23 @@ def test_a_non_finite_step_is_skipped_counted_and_diagnosed(assets, tmp_path):
 
 
 def test_runs_of_another_budget_are_refused_as_a_pair_naming_the_field(assets, tmp_path):
-    a = loop.run(spec(assets, Arm("grpo"), method="GRPO", token_budget=40, mid_eval_tokens=0), tmp_path / "a",
-                 log=lambda _: None)  # fmt: skip
-    b = loop.run(spec(assets, Arm("avspo"), method="AVSPO", token_budget=80, mid_eval_tokens=0), tmp_path / "b",
-                 log=lambda _: None)  # fmt: skip
+    a = loop.run(
+        spec(assets, Arm("grpo"), method="GRPO", token_budget=40, mid_eval_tokens=0), tmp_path / "a", log=lambda _: None
+    )
+    b = loop.run(
+        spec(assets, Arm("avspo"), method="AVSPO", token_budget=80, mid_eval_tokens=0),
+        tmp_path / "b",
+        log=lambda _: None,
+    )
     assert a["settings_hash"] != b["settings_hash"]
     with pytest.raises(StudyError, match=r"settings\.token_budget: 40 vs 80|settings\.token_budget: 80 vs 40"):
         check_pairable([a, b])
     # the same settings under another arm and seed: one hash
-    c = loop.run(spec(assets, Arm("sign"), seed=3, method="sign", token_budget=40, mid_eval_tokens=0), tmp_path / "c",
-                 log=lambda _: None)  # fmt: skip
+    c = loop.run(
+        spec(assets, Arm("sign"), seed=3, method="sign", token_budget=40, mid_eval_tokens=0),
+        tmp_path / "c",
+        log=lambda _: None,
+    )
     assert c["settings_hash"] == a["settings_hash"] and check_pairable([a, c]) == a["settings"]
     assert {"model", "train", "heldout", "code", "precision"} <= set(a["settings"]) and a["commit"]
     assert "micro_batch" not in a["settings"]["settings"]  # speed, not semantics
@@ -220,8 +247,20 @@ def test_two_arms_with_one_seed_draw_the_same_sampling_numbers_at_every_step(ass
     for name, arm in (("GRPO", Arm("grpo")), ("AVSPO", Arm("avspo")), ("DAPO-DS", Arm("grpo", dynamic=True))):
         where.clear()
         where["arm"], drawn[name] = name, {}
-        res = loop.run(spec(assets, arm, seed=5, method=name, final_eval=False, mid_eval_tokens=0, token_budget=300,
-                            reward="study_reward:half_collapsed"), tmp_path / name, log=lambda _: None)  # fmt: skip
+        res = loop.run(
+            spec(
+                assets,
+                arm,
+                seed=5,
+                method=name,
+                final_eval=False,
+                mid_eval_tokens=0,
+                token_budget=300,
+                reward="study_reward:half_collapsed",
+            ),
+            tmp_path / name,
+            log=lambda _: None,
+        )
         if name == "DAPO-DS":
             assert any(c["rounds"] > 1 for c in res["curve"])  # it refilled: more numbers drawn in a step
     steps = set(drawn["GRPO"]) & set(drawn["AVSPO"]) & set(drawn["DAPO-DS"])
@@ -237,9 +276,17 @@ def test_two_arms_with_one_seed_draw_the_same_sampling_numbers_at_every_step(ass
 
 
 def test_no_heldout_or_validation_problem_is_a_training_prompt(tmp_path):
-    st = GPURemediesStudy(levels=("add1", "mul1", "add2"), train_prompts=48, heldout_per_level=300,
-                          validation_per_level=20, settings=SMALL, arms={"GRPO": Arm("grpo")}, seeds={"GRPO": 1},
-                          primary=("GRPO",), second_base="GRPO")  # fmt: skip
+    st = GPURemediesStudy(
+        levels=("add1", "mul1", "add2"),
+        train_prompts=48,
+        heldout_per_level=300,
+        validation_per_level=20,
+        settings=SMALL,
+        arms={"GRPO": Arm("grpo")},
+        seeds={"GRPO": 1},
+        primary=("GRPO",),
+        second_base="GRPO",
+    )
     train, heldout, validation = ([json.loads(x) for x in open(p)] for p in st.make_data(tmp_path))
     t = {r["problem"] for r in train}
     h, v = [r["problem"] for r in heldout], [r["problem"] for r in validation]
@@ -257,8 +304,11 @@ def test_no_heldout_or_validation_problem_is_a_training_prompt(tmp_path):
 def test_mid_run_evaluations_fall_at_the_same_token_milestones_in_every_arm(assets, tmp_path):
     got = {}
     for name, arm in (("GRPO", Arm("grpo")), ("DAPO-DS", Arm("grpo", dynamic=True))):
-        r = loop.run(spec(assets, arm, method=name, final_eval=False, reward="study_reward:half_collapsed",
-                          token_budget=200), tmp_path / name, log=lambda _: None)  # fmt: skip
+        r = loop.run(
+            spec(assets, arm, method=name, final_eval=False, reward="study_reward:half_collapsed", token_budget=200),
+            tmp_path / name,
+            log=lambda _: None,
+        )
         got[name] = [e["milestone"] for e in r["mid_evals"]]
         assert all(e["tokens"] >= e["milestone"] for e in r["mid_evals"])
     assert got["GRPO"] == got["DAPO-DS"] == [0, 40, 80, 120, 160, 200]
@@ -269,19 +319,51 @@ def test_mid_run_evaluations_fall_at_the_same_token_milestones_in_every_arm(asse
 
 def _fake(method, seed, acc, hash_="h"):
     per = {f"heldout/add1/{i}": acc for i in range(4)}
-    return {"method": method, "seed": seed, "per_problem": per, "eval_n": 4, "heldout_pass1": acc,
-            "heldout_by_level": {"add1": acc}, "steps": 10, "generated_tokens": 100, "signal_groups_per_mtok": 1.0,
-            "acr_generated": 0.5, "acr_effective": 0.1, "truncation_rate": 0.0, "completion_tokens_mean": 9.0,
-            "train_s": 6.0, "mid_evals": [], "device": "cpu", "commit": "x", "resumed": 0, "flagged": seed == 1,
-            "nonfinite_steps": [{"step": 3}] if seed == 1 else [], "settings_hash": hash_,
-            "settings": {"settings": dataclasses.asdict(SMALL), "model": "m", "train": "t", "heldout": "h",
-                         "plugins": [], "code": "c", "precision": "fp32"}}  # fmt: skip
+    return {
+        "method": method,
+        "seed": seed,
+        "per_problem": per,
+        "eval_n": 4,
+        "heldout_pass1": acc,
+        "heldout_by_level": {"add1": acc},
+        "steps": 10,
+        "generated_tokens": 100,
+        "signal_groups_per_mtok": 1.0,
+        "acr_generated": 0.5,
+        "acr_effective": 0.1,
+        "truncation_rate": 0.0,
+        "completion_tokens_mean": 9.0,
+        "train_s": 6.0,
+        "mid_evals": [],
+        "device": "cpu",
+        "commit": "x",
+        "resumed": 0,
+        "flagged": seed == 1,
+        "nonfinite_steps": [{"step": 3}] if seed == 1 else [],
+        "settings_hash": hash_,
+        "settings": {
+            "settings": dataclasses.asdict(SMALL),
+            "model": "m",
+            "train": "t",
+            "heldout": "h",
+            "plugins": [],
+            "code": "c",
+            "precision": "fp32",
+        },
+    }
 
 
 def test_a_partial_study_has_the_banner_and_a_holm_family_of_four(tmp_path):
     arms = {a: Arm("grpo") for a in ("GRPO", "AVSPO", "sign", "RL-ZVP", "DAPO-DS")}
-    st = GPURemediesStudy(levels=("add1",), train_prompts=4, heldout_per_level=4, settings=SMALL, arms=arms,
-                          seeds={a: 4 for a in arms}, primary=tuple(arms))  # fmt: skip
+    st = GPURemediesStudy(
+        levels=("add1",),
+        train_prompts=4,
+        heldout_per_level=4,
+        settings=SMALL,
+        arms=arms,
+        seeds={a: 4 for a in arms},
+        primary=tuple(arms),
+    )
     runs = [_fake("GRPO", s, 0.5) for s in range(4)] + [_fake("AVSPO", s, 0.5 + 0.1 * (s + 1)) for s in range(4)]
     text = st.report(runs, tmp_path)
     assert "**Incomplete: no verdict yet.**" in text and "sign 4 of 4" in text
@@ -292,8 +374,11 @@ def test_a_partial_study_has_the_banner_and_a_holm_family_of_four(tmp_path):
     assert "flagged seeds [1]" in text and "steps skipped {1: 1}" in text  # never dropped silently
     assert "Power, from the measured sd" in text and "detectable effect" in text
     # every primary arm complete: a verdict, and p below 0.001 printed as such
-    full = runs + [_fake(a, s, 0.5 + (0.2 if a == "sign" else 0.0) + 0.01 * s) for a in ("sign", "RL-ZVP", "DAPO-DS")
-                   for s in range(4)]  # fmt: skip
+    full = runs + [
+        _fake(a, s, 0.5 + (0.2 if a == "sign" else 0.0) + 0.01 * s)
+        for a in ("sign", "RL-ZVP", "DAPO-DS")
+        for s in range(4)
+    ]
     text = st.report(full, tmp_path)
     assert "Incomplete" not in text
     decision = json.loads((tmp_path / "results.json").read_text())["decision"]
@@ -320,8 +405,9 @@ def test_probability_of_improvement_and_p_formatting():
 
 def test_a_plugin_remedy_runs_as_an_arm_in_the_loops_process(assets, tmp_path):
     plugin = str(REPO / "examples" / "qae_remedy.py")
-    s = dataclasses.replace(spec(assets, Arm("grpo"), final_eval=False, mid_eval_tokens=0, token_budget=40),
-                            plugins=(plugin,))  # fmt: skip
+    s = dataclasses.replace(
+        spec(assets, Arm("grpo"), final_eval=False, mid_eval_tokens=0, token_budget=40), plugins=(plugin,)
+    )
     text = s.to_json().replace('"estimator": "grpo"', '"estimator": "qae"')
     (tmp_path / "spec.json").write_text(text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
@@ -337,6 +423,11 @@ def test_a_reward_outside_the_declared_range_stops_the_run_at_its_first_step(ass
     run = loop.Run(spec(assets, Arm("avspo"), reward="study_reward:ten", final_eval=False), tmp_path / "a")
     with pytest.raises(ValueError, match=r"acr\.reward_range is \(0, 1\) but a raw reward is 10"):
         run.step()
-    ok = spec(assets, Arm("avspo"), reward="study_reward:ten", final_eval=False,
-              acr={"tau_init": 0.25, "window": 2, "reward_range": (0.0, 10.0)})  # fmt: skip
+    ok = spec(
+        assets,
+        Arm("avspo"),
+        reward="study_reward:ten",
+        final_eval=False,
+        acr={"tau_init": 0.25, "window": 2, "reward_range": (0.0, 10.0)},
+    )
     assert loop.Run(ok, tmp_path / "b").step()["groups_trained"] == 2

@@ -43,9 +43,22 @@ ARMS = {  # the study's arms (experiments/remedies_gpu/run.py) and each estimato
     "format-reward": Arm("grpo", reward="format"),
     "random-sign": Arm("grpo", control="random_sign"),
 }
-SMALL = StudySettings(group_size=4, prompts_per_step=2, max_new_tokens=8, temperature=1.0, lr=1e-3, token_budget=150,
-                 reward="study_reward:parity", acr={"tau_init": 0.25, "window": 2}, eval_n=2, mid_eval_tokens=40,
-                 mid_eval_problems=4, ckpt_every=2, micro_batch=4, gen_batch=16)  # fmt: skip
+SMALL = StudySettings(
+    group_size=4,
+    prompts_per_step=2,
+    max_new_tokens=8,
+    temperature=1.0,
+    lr=1e-3,
+    token_budget=150,
+    reward="study_reward:parity",
+    acr={"tau_init": 0.25, "window": 2},
+    eval_n=2,
+    mid_eval_tokens=40,
+    mid_eval_problems=4,
+    ckpt_every=2,
+    micro_batch=4,
+    gen_batch=16,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +70,24 @@ pytestmark = pytest.mark.usefixtures("study_rewards")
 
 
 def spec(assets, method="GRPO", seed=0, arm=None, **settings) -> RunSpec:
-    return RunSpec(method=method, seed=seed, arm=arm or ARMS[method], settings=dataclasses.replace(SMALL, **settings),
-                   model=assets["model"], train=assets["train"], heldout=assets["heldout"])  # fmt: skip
+    return RunSpec(
+        method=method,
+        seed=seed,
+        arm=arm or ARMS[method],
+        settings=dataclasses.replace(SMALL, **settings),
+        model=assets["model"],
+        train=assets["train"],
+        heldout=assets["heldout"],
+    )
 
 
 def trajectory(res: dict) -> dict:
     """What a run computed, without its clocks and its resume count."""
     drop = {"train_s", "eval_s", "resumed"}
-    return {**{k: v for k, v in res.items() if k not in drop},
-            "curve": [{k: v for k, v in c.items() if k != "wall_s"} for c in res["curve"]]}  # fmt: skip
+    return {
+        **{k: v for k, v in res.items() if k not in drop},
+        "curve": [{k: v for k, v in c.items() if k != "wall_s"} for c in res["curve"]],
+    }
 
 
 @pytest.mark.parametrize("method", list(ARMS))
@@ -117,8 +139,9 @@ def test_dapo_ds_counts_the_refill_generation(assets, tmp_path, monkeypatch):
         return ro
 
     monkeypatch.setattr(loop.Policy, "generate", counting)
-    s = spec(assets, "DAPO-DS", reward="study_reward:half_collapsed", final_eval=False, mid_eval_tokens=0,
-             token_budget=300)  # fmt: skip
+    s = spec(
+        assets, "DAPO-DS", reward="study_reward:half_collapsed", final_eval=False, mid_eval_tokens=0, token_budget=300
+    )
     res = loop.run(s, tmp_path / "run", log=lambda _: None)
     assert res["generated_tokens"] == sum(t for _, t in generated)
     assert res["groups_generated"] == sum(p for p, _ in generated)
@@ -127,8 +150,13 @@ def test_dapo_ds_counts_the_refill_generation(assets, tmp_path, monkeypatch):
     assert any(c["groups_generated"] > s.settings.prompts_per_step for c in res["curve"])
     # no refill round starts once the budget is reached: the overshoot is less than the last round's tokens
     assert 0 <= res["generated_tokens"] - s.settings.token_budget < generated[-1][1]
-    grpo = loop.run(spec(assets, "GRPO", reward="study_reward:half_collapsed", final_eval=False, mid_eval_tokens=0,
-                         token_budget=300), tmp_path / "grpo", log=lambda _: None)  # fmt: skip
+    grpo = loop.run(
+        spec(
+            assets, "GRPO", reward="study_reward:half_collapsed", final_eval=False, mid_eval_tokens=0, token_budget=300
+        ),
+        tmp_path / "grpo",
+        log=lambda _: None,
+    )
     assert grpo["groups_generated"] == grpo["groups_trained"] > grpo["groups_signal"]
     # every arm's ACR counts every generated group: DS's too, not only the groups it kept
     assert res["acr_generated"] > 0 and all(c["acr"] == 0 for c in res["curve"] if c["groups_trained"])
@@ -180,8 +208,11 @@ def test_a_changed_spec_is_refused_in_a_run_folder(assets, tmp_path):
 
 
 def test_runs_side_by_side_equal_runs_one_at_a_time(assets, tmp_path):
-    jobs = lambda folder: [Job(spec(assets, m, seed=sd), tmp_path / folder / f"{m}_seed{sd}")  # noqa: E731
-                           for m, sd in (("GRPO", 0), ("AVSPO", 1))]  # fmt: skip
+    def jobs(folder):
+        return [
+            Job(spec(assets, m, seed=sd), tmp_path / folder / f"{m}_seed{sd}") for m, sd in (("GRPO", 0), ("AVSPO", 1))
+        ]
+
     log = []
     assert run_jobs(jobs("one"), 1, threads=1, env=ENV, log=log.append) == []
     assert run_jobs(jobs("two"), 2, threads=1, env=ENV, log=log.append) == []
@@ -239,15 +270,39 @@ def _fake_run(method: str, seed: int, per: dict[str, float], mid=(), settings_ha
     for k, v in per.items():
         by_level.setdefault(k.split("/")[1], []).append(v)
     levels = {lv: sum(v) / len(v) for lv, v in by_level.items()}
-    return {"method": method, "seed": seed, "per_problem": per, "eval_n": 4,
-            "heldout_pass1": sum(levels.values()) / len(levels), "heldout_by_level": levels,
-            "steps": 10, "generated_tokens": budget, "signal_groups_per_mtok": 500.0, "acr_generated": 0.5,
-            "acr_effective": 0.1, "truncation_rate": 0.0, "completion_tokens_mean": 12.0, "train_s": 60.0,
-            "mid_evals": list(mid), "device": "NVIDIA H100 80GB HBM3", "commit": "abc",
-            "precision": {"weights": "fp32", "compute": "bf16 autocast"}, "resumed": 0, "flagged": False,
-            "nonfinite_steps": [], "settings_hash": settings_hash,
-            "settings": {"settings": {**dataclasses.asdict(SMALL), "token_budget": budget}, "model": "m", "train": "t",
-                         "heldout": "h", "plugins": [], "code": "c", "precision": "bf16 autocast"}}  # fmt: skip
+    return {
+        "method": method,
+        "seed": seed,
+        "per_problem": per,
+        "eval_n": 4,
+        "heldout_pass1": sum(levels.values()) / len(levels),
+        "heldout_by_level": levels,
+        "steps": 10,
+        "generated_tokens": budget,
+        "signal_groups_per_mtok": 500.0,
+        "acr_generated": 0.5,
+        "acr_effective": 0.1,
+        "truncation_rate": 0.0,
+        "completion_tokens_mean": 12.0,
+        "train_s": 60.0,
+        "mid_evals": list(mid),
+        "device": "NVIDIA H100 80GB HBM3",
+        "commit": "abc",
+        "precision": {"weights": "fp32", "compute": "bf16 autocast"},
+        "resumed": 0,
+        "flagged": False,
+        "nonfinite_steps": [],
+        "settings_hash": settings_hash,
+        "settings": {
+            "settings": {**dataclasses.asdict(SMALL), "token_budget": budget},
+            "model": "m",
+            "train": "t",
+            "heldout": "h",
+            "plugins": [],
+            "code": "c",
+            "precision": "bf16 autocast",
+        },
+    }
 
 
 IDS = [f"heldout/{lv}/{i}" for lv in ("add1", "mul1") for i in range(2)]
@@ -292,26 +347,48 @@ def test_sign_flip_p_is_exact_beyond_twenty_pairs():
 
 
 def _study(**kw) -> GPURemediesStudy:
-    base = dict(levels=("add1", "mul1"), train_prompts=8, heldout_per_level=6, validation_per_level=2, settings=SMALL,
-                arms={"GRPO": ARMS["GRPO"], "AVSPO": ARMS["AVSPO"], "DAPO-DS": ARMS["DAPO-DS"],
-                      "random-reward": ARMS["random-reward"]},
-                seeds={"GRPO": 3, "AVSPO": 3, "DAPO-DS": 2, "random-reward": 1}, primary=("GRPO", "AVSPO", "DAPO-DS"),
-                pilot={"GRPO": 2, "AVSPO": 2})  # fmt: skip
+    base = dict(
+        levels=("add1", "mul1"),
+        train_prompts=8,
+        heldout_per_level=6,
+        validation_per_level=2,
+        settings=SMALL,
+        arms={
+            "GRPO": ARMS["GRPO"],
+            "AVSPO": ARMS["AVSPO"],
+            "DAPO-DS": ARMS["DAPO-DS"],
+            "random-reward": ARMS["random-reward"],
+        },
+        seeds={"GRPO": 3, "AVSPO": 3, "DAPO-DS": 2, "random-reward": 1},
+        primary=("GRPO", "AVSPO", "DAPO-DS"),
+        pilot={"GRPO": 2, "AVSPO": 2},
+    )
     return GPURemediesStudy(**{**base, **kw})
 
 
 def test_the_run_order_is_primary_arms_seed_by_seed_then_the_rest():
     st = _study()
-    assert st.order(list(st.arms), None) == [("GRPO", 0), ("AVSPO", 0), ("DAPO-DS", 0), ("GRPO", 1), ("AVSPO", 1),
-                                             ("DAPO-DS", 1), ("GRPO", 2), ("AVSPO", 2), ("random-reward", 0)]  # fmt: skip
+    assert st.order(list(st.arms), None) == [
+        ("GRPO", 0),
+        ("AVSPO", 0),
+        ("DAPO-DS", 0),
+        ("GRPO", 1),
+        ("AVSPO", 1),
+        ("DAPO-DS", 1),
+        ("GRPO", 2),
+        ("AVSPO", 2),
+        ("random-reward", 0),
+    ]
     assert st.order(list(st.arms), None, pilot=True) == [("GRPO", 0), ("AVSPO", 0), ("GRPO", 1), ("AVSPO", 1)]
     with pytest.raises(ValueError, match="NGRPO"):
         _study(primary=("GRPO", "NGRPO"))
 
 
 def test_the_report_is_generated_from_the_runs(tmp_path):
-    mid = [{"milestone": 500, "step": 5, "tokens": 510, "pass1": 0.3},
-           {"milestone": 1000, "step": 10, "tokens": 1010, "pass1": 0.6}]  # fmt: skip
+    mid = [
+        {"milestone": 500, "step": 5, "tokens": 510, "pass1": 0.3},
+        {"milestone": 1000, "step": 10, "tokens": 1010, "pass1": 0.6},
+    ]
     runs = [_fake_run("GRPO", s, {i: 0.5 for i in IDS}, mid) for s in range(3)]
     runs += [_fake_run("AVSPO", s, {i: 0.75 for i in IDS}, mid[:1]) for s in range(3)]
     st = _study()
@@ -330,8 +407,14 @@ def test_the_report_is_generated_from_the_runs(tmp_path):
 
 
 def _study_cmd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "experiments" / "remedies_gpu" / "run.py"), *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120, env={**os.environ, **ENV})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(REPO / "experiments" / "remedies_gpu" / "run.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **ENV},
+    )
 
 
 def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path):
@@ -341,16 +424,26 @@ def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path)
     assert "39 runs to start (shard 1/4, 0 finished): AVSPO seed 0, GRPO seed 1, DAPO-DS seed 1, " in r.stdout
     r = _study_cmd("--dry-run", "--pilot", "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert "12 runs to start" in r.stdout, r.stderr
-    for args, msg in [(("--shard", "4/4"), "--shard"), (("--k", "0"), "--k must be"),
-                      (("--model", str(tmp_path)), "--model"), (("--train", "nope.jsonl"), "--train: no such file"),
-                      (("--budget", "0"), "token_budget")]:  # fmt: skip
+    for args, msg in [
+        (("--shard", "4/4"), "--shard"),
+        (("--k", "0"), "--k must be"),
+        (("--model", str(tmp_path)), "--model"),
+        (("--train", "nope.jsonl"), "--train: no such file"),
+        (("--budget", "0"), "token_budget"),
+    ]:
         r = _study_cmd("--dry-run", "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
 
 
 def test_the_slurm_array_script_runs_its_share(tmp_path):
-    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "8", "AVSPO_OUT": str(tmp_path / "o"),
-           "AVSPO_PUBLISH": str(tmp_path / "pub"), "AVSPO_PYTHON": sys.executable}  # fmt: skip
+    env = {
+        **os.environ,
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_ARRAY_TASK_COUNT": "8",
+        "AVSPO_OUT": str(tmp_path / "o"),
+        "AVSPO_PUBLISH": str(tmp_path / "pub"),
+        "AVSPO_PYTHON": sys.executable,
+    }
     env.pop("SLURM_JOB_ID", None)
     r = subprocess.run(["bash", str(REPO / "launch_scripts" / "slurm" / "remedies_study.sbatch"), "--dry-run"],
                        env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -360,9 +453,11 @@ def test_the_slurm_array_script_runs_its_share(tmp_path):
 
 def test_the_study_needs_no_ray_vllm_deepspeed_or_openrlhf():
     """A bare GPU machine with torch and transformers runs the study as a user's GPU does."""
-    code = ("import sys; import avspo_openrlhf.study.remedies_gpu, avspo_openrlhf.study.scheduler, "
-            "avspo_openrlhf.cpu.models; "
-            "print(sorted(m for m in ('openrlhf', 'ray', 'vllm', 'deepspeed', 'trl', 'verl') if m in sys.modules))")  # fmt: skip
+    code = (
+        "import sys; import avspo_openrlhf.study.remedies_gpu, avspo_openrlhf.study.scheduler, "
+        "avspo_openrlhf.cpu.models; "
+        "print(sorted(m for m in ('openrlhf', 'ray', 'vllm', 'deepspeed', 'trl', 'verl') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
 
@@ -374,8 +469,19 @@ def test_an_empty_study_reports_the_runs_missing(tmp_path):
 
 
 def test_the_throughput_table_measures_k_runs_at_once(assets, tmp_path):
-    r = _study_cmd("--throughput", "1,2", "--throughput-budget", "60", "--model", assets["model"], "--out",
-                   str(tmp_path / "o"), "--publish", str(tmp_path / "pub"), cwd=tmp_path)  # fmt: skip
+    r = _study_cmd(
+        "--throughput",
+        "1,2",
+        "--throughput-budget",
+        "60",
+        "--model",
+        assets["model"],
+        "--out",
+        str(tmp_path / "o"),
+        "--publish",
+        str(tmp_path / "pub"),
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr + r.stdout
     rows = json.loads((tmp_path / "pub" / "throughput.json").read_text())
     assert [x["k"] for x in rows] == [1, 2] and all(x["tokens"] >= 60 * x["k"] for x in rows)
@@ -393,8 +499,9 @@ def test_no_run_starts_after_the_time_given(assets, tmp_path):
 def test_the_bf16_autocast_path_the_gpu_takes_runs_here(assets, tmp_path):
     """The GPU's precision (fp32 weights, bf16 autocast), exercised on the CPU: generation, the
     training forward and RL-ZVP's entropies under autocast give finite losses."""
-    res = loop.run(spec(assets, "RL-ZVP", dtype="bf16", token_budget=60, mid_eval_tokens=0), tmp_path / "r",
-                   log=lambda _: None)  # fmt: skip
+    res = loop.run(
+        spec(assets, "RL-ZVP", dtype="bf16", token_budget=60, mid_eval_tokens=0), tmp_path / "r", log=lambda _: None
+    )
     assert res["precision"] == {"weights": "fp32", "compute": "bf16 autocast"}
     assert all(math.isfinite(c["loss"]) and math.isfinite(c["token_adv_abs_mean"]) for c in res["curve"])
 

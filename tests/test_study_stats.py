@@ -94,8 +94,13 @@ def test_bootstrap_interval_covers_the_mean_and_resamples_seeds():
 
 
 def test_bootstrap_gain_per_level_from_records():
-    recs = lambda rows: [{"unique_id": f"{lv}/{i}", "level": lv, "correct": c}  # noqa: E731
-                         for lv, cs in rows.items() for i, c in enumerate(cs)]  # fmt: skip
+    def recs(rows):
+        return [
+            {"unique_id": f"{lv}/{i}", "level": lv, "correct": c}  # noqa: E731
+            for lv, cs in rows.items()
+            for i, c in enumerate(cs)
+        ]
+
     before = recs({"add1": [[0, 0]] * 4, "mul1": [[1, 0]] * 4})
     after = recs({"add1": [[1, 1]] * 4, "mul1": [[1, 0]] * 4})
     g = stats.bootstrap_gain(before, after)
@@ -118,8 +123,14 @@ def test_pearson_closed_form():
 
 
 def _run(method, seed, curve, accuracy):
-    return {"method": method, "seed": seed, "steps": len(curve), "acr_raw": statistics.mean(curve),
-            "curve": [{"acr": a} for a in curve], "heldout_pass1": accuracy}  # fmt: skip
+    return {
+        "method": method,
+        "seed": seed,
+        "steps": len(curve),
+        "acr_raw": statistics.mean(curve),
+        "curve": [{"acr": a} for a in curve],
+        "heldout_pass1": accuracy,
+    }
 
 
 def test_early_acr_windows():
@@ -173,9 +184,14 @@ def test_collapse_report_states_its_convention_and_publishes_the_accuracy_before
         {**run, "method": "GRPO", "seed": s, "acr_raw": a, "heldout_pass1": p, "generated_per_trained": 1.0}
         for s, a, p in [(0, 0.2, 0.40), (1, 0.2, 0.40), (2, 0.5, 0.55)]
     ]
-    runs.append({**run, "method": "DAPO-DS", "seed": 0, "acr_raw": 0.0, "heldout_pass1": 0.5, "generated_per_trained": 1.25})  # fmt: skip
+    runs.append(
+        {**run, "method": "DAPO-DS", "seed": 0, "acr_raw": 0.0, "heldout_pass1": 0.5, "generated_per_trained": 1.25}
+    )
     table = study.report(runs, 0.3, tmp_path, 48)
-    assert "; ± is the standard deviation over seeds. Held-out pass@1 (60 problems, n=4, T=0.7) before training: 30.0 %." in table  # fmt: skip
+    assert (
+        "; ± is the standard deviation over seeds. Held-out pass@1 (60 problems, n=4, T=0.7) before training: 30.0 %."
+        in table
+    )
     # GRPO: ACR 0.2, 0.2, 0.5: sd sqrt(0.03) = 0.173 (half the range would be 0.150); accuracy sd 8.7 (not 7.5)
     assert "| GRPO | 0.300 ± 0.173 | 0.300 ± 0.173 | 0.200 ± 0.000 | 45.0 ± 8.7 |" in table
     assert "| DAPO-DS | 0.000 | 0.200 | 0.200 | 50.0 |" in table

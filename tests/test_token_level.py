@@ -43,8 +43,9 @@ def _estimator(monkeypatch):
 
 
 def _maker(group, config=_Scale(scale=0.5)):
-    args = parse("--rollout.n_samples_per_prompt", str(G), "--rollout.batch_size", "3",
-                 "--rollout.micro_batch_size", "4")  # fmt: skip
+    args = parse(
+        "--rollout.n_samples_per_prompt", str(G), "--rollout.batch_size", "3", "--rollout.micro_batch_size", "4"
+    )
     return maker_for(args, group, controller=CollapseController(NAME, config))
 
 

@@ -94,8 +94,15 @@ class Recorder(acr_trl.GRPOTrainer):
         before = None if pending is None else pending["advantages"].clone()
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if pending is not None:
-            self.zvp.append((before, pending["advantages"].clone(), out[1].detach().clone(),
-                             pending["completion_mask"].clone(), pending[acr_trl.SIGN_KEY].clone()))  # fmt: skip
+            self.zvp.append(
+                (
+                    before,
+                    pending["advantages"].clone(),
+                    out[1].detach().clone(),
+                    pending["completion_mask"].clone(),
+                    pending[acr_trl.SIGN_KEY].clone(),
+                )
+            )
         return out
 
 
@@ -108,10 +115,20 @@ def assets(tmp_path_factory):
 
 def common(assets, key: str, steps: int = 2) -> dict:
     return dict(
-        output_dir=str(assets["root"] / key), per_device_train_batch_size=2 * G, num_generations=G,
-        max_completion_length=4, max_steps=steps, logging_steps=1, report_to="none", use_cpu=True, bf16=False,
-        save_strategy="no", seed=0, shuffle_dataset=False, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(assets["root"] / key),
+        per_device_train_batch_size=2 * G,
+        num_generations=G,
+        max_completion_length=4,
+        max_steps=steps,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        seed=0,
+        shuffle_dataset=False,
+        disable_tqdm=True,
+    )
 
 
 def run(assets, key: str, **config) -> Recorder:
@@ -133,7 +150,7 @@ def split(case: str) -> tuple[str, dict | None]:
 def remedy_kwargs(case: str) -> dict:
     remedy, options = split(case)
     extra = dict(save_strategy="steps", save_steps=1) if case in RESUMED else {}  # the resume test's
-    return dict(remedy=remedy, acr_threshold_init=TAU, acr_options={"window": 1}, remedy_options=options, **extra)  # fmt: skip
+    return dict(remedy=remedy, acr_threshold_init=TAU, acr_options={"window": 1}, remedy_options=options, **extra)
 
 
 def remedy_run(assets, case: str) -> Recorder:
@@ -175,7 +192,9 @@ def test_measure_only_keeps_trls_advantages_and_logs_acr(assets):
     assert first["acr/all_right"] == 0.5 and second["acr/all_wrong"] == 0.5 and first["acr/cum"] == 0.5
     assert {"train/acr", "train/acr/effective", "train/alarm/acr_stall"} <= set(rewrite_logs(first))
     entropy = [h for h in tr.state.log_history if "monitor/entropy" in h]  # TRL's entropy feeds the alarm
-    assert len(entropy) == 2 and all(h["monitor/entropy"] == h["entropy"] and h["alarm/entropy_collapse"] == 0 for h in entropy)  # fmt: skip
+    assert len(entropy) == 2 and all(
+        h["monitor/entropy"] == h["entropy"] and h["alarm/entropy_collapse"] == 0 for h in entropy
+    )
 
 
 def test_a_closed_gate_is_trls_grpo_bit_for_bit(assets):
@@ -194,10 +213,14 @@ def test_trl_trains_on_the_closed_forms(assets, case):
     for step, (rewards, adv) in enumerate(zip(tr.rewards, tr.advantages)):
         expected, _ = ref.step(grouped(rewards))
         if step == 0:  # the first batch is group_advantages itself (window 1: the gate sees this batch's ACR)
-            direct, _ = group_advantages(grouped(rewards), remedy, remedy_config(case), tau_adapt=TAU, generator=seeded())  # fmt: skip
+            direct, _ = group_advantages(
+                grouped(rewards), remedy, remedy_config(case), tau_adapt=TAU, generator=seeded()
+            )
             assert torch.equal(direct, expected)
         assert torch.allclose(adv, expected.reshape(-1), atol=1e-6), (step, adv, expected)
-    assert len(tr.advantages) == 2 and torch.equal(torch.cat(tr.trained).sort().values, torch.cat(tr.advantages).sort().values)  # fmt: skip
+    assert len(tr.advantages) == 2 and torch.equal(
+        torch.cat(tr.trained).sort().values, torch.cat(tr.advantages).sort().values
+    )
     if remedy in ("avspo", "ngrpo", "sign"):  # the collapsed groups train on non-zero advantages
         assert (torch.cat(tr.advantages) != 0).sum() > 8
     logs = acr_logs(tr)
@@ -222,7 +245,9 @@ def test_trl_trains_on_the_closed_forms(assets, case):
 def test_paper_readme_snippet_trains_and_logs_train_acr(assets):
     with pytest.raises(TypeError):  # what the authors' TRL fork does with their own README's snippet
         trl.GRPOConfig(use_avspo=True, acr_threshold_init=0.5, virtual_sample_alpha=0.5)
-    args = acr_trl.GRPOConfig(use_avspo=True, acr_threshold_init=0.5, virtual_sample_alpha=0.5, **common(assets, "readme"))  # fmt: skip
+    args = acr_trl.GRPOConfig(
+        use_avspo=True, acr_threshold_init=0.5, virtual_sample_alpha=0.5, **common(assets, "readme")
+    )
     trainer = acr_trl.GRPOTrainer(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
     assert args.remedy == "avspo" and trainer.controller.config.alpha == 0.5 and trainer.controller.threshold.tau == 0.5
     trainer.train()
@@ -271,11 +296,17 @@ def test_acr_reward_func_measures_correctness_while_the_remedy_shapes_the_weight
     """Two reward functions: ``acr_reward_func="correct"`` is the raw view (its ACR drives the gate),
     TRL's weighted sum the shaped one the advantages are computed on; the all-right group of the
     correctness function is not collapsed in the sum, so AVSPO leaves it to GRPO."""
-    args = acr_trl.GRPOConfig(**{**common(assets, "two_funcs"), **remedy_kwargs("avspo-stratified"),
-                                 "save_strategy": "no", "acr_reward_func": "correct"})  # fmt: skip
+    args = acr_trl.GRPOConfig(
+        **{
+            **common(assets, "two_funcs"),
+            **remedy_kwargs("avspo-stratified"),
+            "save_strategy": "no",
+            "acr_reward_func": "correct",
+        }
+    )
     tr = Recorder(model=assets["model"], reward_funcs=[correct, bonus], args=args, train_dataset=assets["data"])
     tr.train()
-    ref = CollapseController("avspo", remedy_config("avspo-stratified"), acr=ACRConfig(tau_init=TAU, window=1), seed=0)  # fmt: skip
+    ref = CollapseController("avspo", remedy_config("avspo-stratified"), acr=ACRConfig(tau_init=TAU, window=1), seed=0)
     assert len(tr.rewards) == 2 and tr.rewards[0].shape[1] == 2
     for rewards, adv in zip(tr.rewards, tr.advantages):
         raw, shaped = rewards[:, 0].view(-1, G), rewards.sum(dim=1).view(-1, G)
@@ -319,7 +350,9 @@ def test_a_group_is_collapsed_by_its_scored_completions_and_every_step_logs_acr(
         logs = acr_logs(tr)
         assert [h["acr/all_wrong"] for h in logs] == [0.5, 0.5] and [h["acr"] for h in logs] == [0.5, 0.5]
         assert [h["acr/unscored"] for h in logs] == [0.25, 0.25] and [h["acr/all_right"] for h in logs] == [0.0, 0.0]
-    assert [h["acr/gate"] for h in acr_logs(ours)] == [0.5, 0.5] and all(h["acr/remedy_groups"] == 0.0 for h in acr_logs(ours))  # fmt: skip
+    assert [h["acr/gate"] for h in acr_logs(ours)] == [0.5, 0.5] and all(
+        h["acr/remedy_groups"] == 0.0 for h in acr_logs(ours)
+    )
 
 
 def test_stock_trl_measures_acr_through_the_reward_functions_log_metric(assets):
@@ -350,8 +383,14 @@ def test_stock_trl_measures_acr_through_the_reward_functions_log_metric(assets):
 
 
 def test_evaluation_logs_eval_acr_and_leaves_the_controller_alone(assets):
-    args = acr_trl.GRPOConfig(**{**common(assets, "eval"), **remedy_kwargs("avspo-stratified"), "save_strategy": "no"})  # fmt: skip
-    tr = Recorder(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"], eval_dataset=assets["data"])  # fmt: skip
+    args = acr_trl.GRPOConfig(**{**common(assets, "eval"), **remedy_kwargs("avspo-stratified"), "save_strategy": "no"})
+    tr = Recorder(
+        model=assets["model"],
+        reward_funcs=correct,
+        args=args,
+        train_dataset=assets["data"],
+        eval_dataset=assets["data"],
+    )
     before = tr.controller.state_dict()
     tr.evaluate()
     assert tr.controller.state_dict() == before and tr.controller.steps == 0  # no gate, window or threshold step
@@ -414,7 +453,12 @@ with open(os.path.join(args.output_dir, f"rank{trainer.accelerator.process_index
 @pytest.mark.parametrize("remedy", ["ngrpo", "rl_zvp"])
 def test_two_processes_each_train_on_their_slice(assets, tmp_path, remedy):
     (tmp_path / "two.py").write_text(TWO_PROCESSES % (G, PATTERNS))
-    config = {**common(assets, "two"), **remedy_kwargs(remedy), "per_device_train_batch_size": G, "output_dir": str(tmp_path)}  # fmt: skip
+    config = {
+        **common(assets, "two"),
+        **remedy_kwargs(remedy),
+        "per_device_train_batch_size": G,
+        "output_dir": str(tmp_path),
+    }
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -436,7 +480,9 @@ def test_two_processes_each_train_on_their_slice(assets, tmp_path, remedy):
             if remedy == "rl_zvp":  # each process gets its own group's sign, for its own completions
                 assert r["seen"][step]["sign"] == [int(sign[i])] * G, (step, i)
     if remedy == "rl_zvp":  # the token advantages' metrics are gathered: every process logs the same
-        logged = [[h["rl_zvp/zero_variance_samples"] for h in r["logs"] if "rl_zvp/zero_variance_samples" in h] for r in ranks]  # fmt: skip
+        logged = [
+            [h["rl_zvp/zero_variance_samples"] for h in r["logs"] if "rl_zvp/zero_variance_samples" in h] for r in ranks
+        ]
         assert logged[0] == logged[1] and len(logged[0]) == 2 and all(x > 0 for x in logged[0])
 
 
@@ -458,51 +504,103 @@ def test_rl_zvp_over_two_iterations_adds_its_token_advantages_once_per_loss(asse
 # the field the TRL user set; all before a model is loaded
 CONFIG_MISTAKES = [
     (dict(use_avspo=True, virtual_sample_alpha=-1), "virtual_sample_alpha must be > 0, got -1"),
-    (dict(remedy="avspo", remedy_options={"strategy": "bogus"}),
-     "remedy_options['strategy'] must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'"),
+    (
+        dict(remedy="avspo", remedy_options={"strategy": "bogus"}),
+        "remedy_options['strategy'] must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'",
+    ),
     (dict(acr_threshold_init=2), "acr_threshold_init must be in [0, 1], got 2"),
-    (dict(remedy="sign", remedy_options={"scoop": "all"}), "remedy_options has no option 'scoop'; SignConfig takes scope"),
+    (
+        dict(remedy="sign", remedy_options={"scoop": "all"}),
+        "remedy_options has no option 'scoop'; SignConfig takes scope",
+    ),
     (dict(acr_options={"windw": 3}), "acr_options has no option 'windw'; ACRConfig takes early_steps, "),
     (dict(monitor_options={"kl_bund": 0.1}), "monitor_options has no option 'kl_bund'"),
     (dict(remedy="ngrpo", remedy_options='{"num_max": 2'), "remedy_options is not valid JSON: Expecting ',' delimiter"),
     (dict(acr_options="window=3"), "acr_options is not valid JSON: "),
-    (dict(remedy="sign", virtual_sample_alpha=0.5), "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it"),  # its default, set
-    (dict(remedy="sign", avspo_strategy="opposite"), "avspo_strategy is an option of remedy='avspo'; remedy='sign' does not use it"),
+    (
+        dict(remedy="sign", virtual_sample_alpha=0.5),
+        "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it",
+    ),  # its default, set
+    (
+        dict(remedy="sign", avspo_strategy="opposite"),
+        "avspo_strategy is an option of remedy='avspo'; remedy='sign' does not use it",
+    ),
     (dict(ngrpo_num_max=2), "ngrpo_num_max is an option of remedy='ngrpo'; remedy=None does not use it"),
-    (dict(remedy="avspo", avspo_strategy="bogus"), "avspo_strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'"),
-    (dict(remedy="avspo", avspo_strategy="opposite", remedy_options={"strategy": "opposite"}), "set avspo_strategy, not remedy_options['strategy']"),
+    (
+        dict(remedy="avspo", avspo_strategy="bogus"),
+        "avspo_strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'",
+    ),
+    (
+        dict(remedy="avspo", avspo_strategy="opposite", remedy_options={"strategy": "opposite"}),
+        "set avspo_strategy, not remedy_options['strategy']",
+    ),
     (dict(remedy="rl_zvp", rl_zvp_alpha=0), "rl_zvp_alpha must be > 0, got 0"),
-    (dict(remedy="rl_zvp", remedy_options={"alpha": 0}), "remedy_options['alpha'] must be > 0, got 0"),  # not virtual_sample_alpha: AVSPO's
+    (
+        dict(remedy="rl_zvp", remedy_options={"alpha": 0}),
+        "remedy_options['alpha'] must be > 0, got 0",
+    ),  # not virtual_sample_alpha: AVSPO's
     (dict(acr_window=0), "acr_window must be >= 1, got 0"),
     (dict(acr_tau_bounds=[0.6, 0.9]), "acr_threshold_init must lie within acr_tau_bounds [0.6, 0.9], got 0.5"),
     (dict(monitor_stop_on_alarm=["kl_drift"]), "monitor_stop_on_alarm names kl_drift, which needs monitor_kl_bound"),
-    (dict(monitor_options={"stop_on_alarm": ["kl_drift"]}), "monitor_options['stop_on_alarm'] names kl_drift, which needs monitor_kl_bound"),
-    (dict(remedy="sign", virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it"),
+    (
+        dict(monitor_options={"stop_on_alarm": ["kl_drift"]}),
+        "monitor_options['stop_on_alarm'] names kl_drift, which needs monitor_kl_bound",
+    ),
+    (
+        dict(remedy="sign", virtual_sample_alpha=0.7),
+        "virtual_sample_alpha is AVSPO's K rule exponent; remedy='sign' does not use it",
+    ),
     (dict(virtual_sample_alpha=0.7), "virtual_sample_alpha is AVSPO's K rule exponent; remedy=None does not use it"),
     (dict(acr_options={"window": 0}), "acr_options['window'] must be >= 1, got 0"),
     (dict(monitor_kl_bound=0.1), "monitor_kl_bound watches TRL's logged kl, which TRL computes only with beta > 0"),
     (dict(monitor_kl_bound=0.1, monitor_kl_source="old", beta=0.01), "monitor_kl_source='old'"),
     (dict(acr_threshold_init=0.95), "acr_threshold_init must lie within acr_tau_bounds [0.1, 0.9], got 0.95"),
-    (dict(acr_options={"tau_bounds": [0.6, 0.9]}), "acr_threshold_init must lie within acr_options['tau_bounds'] [0.6, 0.9], got 0.5"),
+    (
+        dict(acr_options={"tau_bounds": [0.6, 0.9]}),
+        "acr_threshold_init must lie within acr_options['tau_bounds'] [0.6, 0.9], got 0.5",
+    ),
     (dict(acr_options={"tau_init": 0.3}), "set acr_threshold_init, not acr_options['tau_init']"),
     (dict(remedy="avspo", remedy_options={"alpha": 0.3}), "set virtual_sample_alpha, not remedy_options['alpha']"),
-    (dict(remedy="avspo", remedy_options={"eps": 1e-3}), "remedy_options['eps'] cannot be set: it follows the framework's GRPO (eps=0.0001), got 0.001"),
-    (dict(remedy="avspo", remedy_options={"num_virtual": 2, "strategy": "opposite"}),
-     "remedy_options['num_virtual'] cannot be combined with remedy_options['strategy'] opposite"),
-    (dict(remedy="avspo", remedy_options={"r_anchor": "0.2"}), "remedy_options['r_anchor'] must be a finite number, got '0.2'"),
+    (
+        dict(remedy="avspo", remedy_options={"eps": 1e-3}),
+        "remedy_options['eps'] cannot be set: it follows the framework's GRPO (eps=0.0001), got 0.001",
+    ),
+    (
+        dict(remedy="avspo", remedy_options={"num_virtual": 2, "strategy": "opposite"}),
+        "remedy_options['num_virtual'] cannot be combined with remedy_options['strategy'] opposite",
+    ),
+    (
+        dict(remedy="avspo", remedy_options={"r_anchor": "0.2"}),
+        "remedy_options['r_anchor'] must be a finite number, got '0.2'",
+    ),
     (dict(remedy="ngrpo", remedy_options={"num_max": 0}), "remedy_options['num_max'] must be >= 1, got 0"),
     (dict(remedy="ngrpo", remedy_options={"enable": True}), "remedy_options has no option 'enable'"),
     (dict(remedy="grpo", remedy_options={"x": 1}), "remedy_options has no option 'x'; this remedy takes none"),
-    (dict(remedy_options={"strategy": "opposite"}), "remedy_options has option(s) 'strategy'; measuring only (no remedy) takes none"),
+    (
+        dict(remedy_options={"strategy": "opposite"}),
+        "remedy_options has option(s) 'strategy'; measuring only (no remedy) takes none",
+    ),
     (dict(monitor_options={"kl_bound": -1}), "monitor_options['kl_bound'] must be >= 0, got -1"),
     (dict(acr_options=[1]), "acr_options must be a dict or a JSON object string, got list"),
     (dict(remedy="avpso"), "unknown remedy 'avpso'"),
     (dict(use_avspo=True, remedy="sign"), "use_avspo=True and remedy='sign' choose two remedies"),
-    (dict(remedy="avspo", scale_rewards="batch"), "remedy 'avspo' normalises per group as TRL's scale_rewards='group' does; got scale_rewards='batch'"),
-    (dict(remedy="avspo", scale_rewards="none"), "remedy 'avspo' normalises per group as TRL's scale_rewards='group' does; got scale_rewards='none'"),  # none: dr_grpo only
-    (dict(remedy="sign", multi_objective_aggregation="normalize_then_sum"), "remedy 'sign' needs multi_objective_aggregation='sum_then_normalize', got 'normalize_then_sum'"),
-    (dict(remedy="rl_zvp", use_liger_kernel=True), "remedy 'rl_zvp' needs TRL's own loss (its token entropies); use_liger_kernel bypasses it"),
-]  # fmt: skip
+    (
+        dict(remedy="avspo", scale_rewards="batch"),
+        "remedy 'avspo' normalises per group as TRL's scale_rewards='group' does; got scale_rewards='batch'",
+    ),
+    (
+        dict(remedy="avspo", scale_rewards="none"),
+        "remedy 'avspo' normalises per group as TRL's scale_rewards='group' does; got scale_rewards='none'",
+    ),  # none: dr_grpo only
+    (
+        dict(remedy="sign", multi_objective_aggregation="normalize_then_sum"),
+        "remedy 'sign' needs multi_objective_aggregation='sum_then_normalize', got 'normalize_then_sum'",
+    ),
+    (
+        dict(remedy="rl_zvp", use_liger_kernel=True),
+        "remedy 'rl_zvp' needs TRL's own loss (its token entropies); use_liger_kernel bypasses it",
+    ),
+]
 
 
 @pytest.mark.parametrize("config, message", CONFIG_MISTAKES, ids=[str(i) for i in range(len(CONFIG_MISTAKES))])
@@ -522,15 +620,28 @@ def test_typed_options_are_generated_from_the_configs_and_mean_what_the_dicts_me
     for owner, cls in owners:
         for f in dataclasses.fields(cls):
             name = f"{owner}_{f.name}"
-            skipped = (owner not in ("acr", "monitor") and f.name in acr_trl.FIXED_BY_TRL) or (owner, f.name) in acr_trl.ALIASES  # fmt: skip
-            assert (name not in fields) if skipped else (fields[name].default is None and f.metadata["help"] in fields[name].metadata["help"]), name  # fmt: skip
+            skipped = (owner not in ("acr", "monitor") and f.name in acr_trl.FIXED_BY_TRL) or (
+                owner,
+                f.name,
+            ) in acr_trl.ALIASES
+            assert (
+                (name not in fields)
+                if skipped
+                else (fields[name].default is None and f.metadata["help"] in fields[name].metadata["help"])
+            ), name
     kw = common(assets, "typed")
     argv = ["--remedy", "avspo", "--avspo_strategy", "opposite", "--acr_tau_bounds", "0.2", "0.8", "--acr_window", "3",
             "--monitor_kl_bound", "0.1", "--monitor_stop_on_alarm", "kl_drift", "--beta", "0.01", "--output_dir", kw["output_dir"],
             "--use_cpu", "--bf16", "false", "--num_generations", str(G), "--per_device_train_batch_size", str(2 * G)]  # fmt: skip
     (parsed,) = transformers.HfArgumentParser(acr_trl.GRPOConfig).parse_args_into_dataclasses(argv)
-    dicts = acr_trl.GRPOConfig(remedy="avspo", remedy_options={"strategy": "opposite"}, monitor_options={"kl_bound": 0.1, "stop_on_alarm": ["kl_drift"]},
-                               acr_options={"tau_bounds": [0.2, 0.8], "window": 3}, beta=0.01, **kw)  # fmt: skip
+    dicts = acr_trl.GRPOConfig(
+        remedy="avspo",
+        remedy_options={"strategy": "opposite"},
+        monitor_options={"kl_bound": 0.1, "stop_on_alarm": ["kl_drift"]},
+        acr_options={"tau_bounds": [0.2, 0.8], "window": 3},
+        beta=0.01,
+        **kw,
+    )
     assert acr_trl._configs(parsed) == acr_trl._configs(dicts)
     assert acr_trl._configs(parsed)[1].strategy == "opposite" and acr_trl._configs(parsed)[2].tau_bounds == (0.2, 0.8)
 
@@ -538,12 +649,19 @@ def test_typed_options_are_generated_from_the_configs_and_mean_what_the_dicts_me
 def test_bad_setups_fail_in_one_line(assets):
     kw = common(assets, "bad")
     assert acr_trl.GRPOConfig(remedy="ngrpo", remedy_options='{"num_max": 2}', **kw).remedy_options == {"num_max": 2}
-    ok = acr_trl.GRPOConfig(remedy="avspo", acr_threshold_init=1, virtual_sample_alpha=2, acr_options={"tau_bounds": [0, 1]}, **kw)  # fmt: skip
+    ok = acr_trl.GRPOConfig(
+        remedy="avspo", acr_threshold_init=1, virtual_sample_alpha=2, acr_options={"tau_bounds": [0, 1]}, **kw
+    )
     assert (
         ok.acr_threshold_init == 1 and acr_trl._configs(ok)[2].tau_init == 1.0 and acr_trl._configs(ok)[1].alpha == 2.0
     )
     with pytest.raises(ValueError, match="is not a reward function"):  # what only the trainer knows
-        Recorder(model=assets["model"], reward_funcs=correct, args=acr_trl.GRPOConfig(acr_reward_func="accuracy", **kw), train_dataset=assets["data"])  # fmt: skip
+        Recorder(
+            model=assets["model"],
+            reward_funcs=correct,
+            args=acr_trl.GRPOConfig(acr_reward_func="accuracy", **kw),
+            train_dataset=assets["data"],
+        )
 
 
 # private TRL/transformers names the integration overrides or reads -> why
@@ -620,8 +738,12 @@ def test_a_reward_outside_the_declared_range_is_refused(assets):
 def test_monitor_stop_on_alarm_stops_training_as_avspo_train_does(assets):
     """The entropy alarm (threshold above any entropy, patience 0) fires at the first optimizer step:
     training stops there, through the Trainer's own control flow, instead of running all 3 steps."""
-    args = acr_trl.GRPOConfig(monitor_entropy_threshold=100.0, monitor_entropy_patience=0,
-                              monitor_stop_on_alarm=["entropy_collapse"], **common(assets, "stop", steps=3))  # fmt: skip
+    args = acr_trl.GRPOConfig(
+        monitor_entropy_threshold=100.0,
+        monitor_entropy_patience=0,
+        monitor_stop_on_alarm=["entropy_collapse"],
+        **common(assets, "stop", steps=3),
+    )
     trainer = acr_trl.GRPOTrainer(model=assets["model"], reward_funcs=correct, args=args, train_dataset=assets["data"])
     trainer.train()
     assert trainer.state.global_step == 1 and trainer.stop_reason == "alarm entropy_collapse"
@@ -633,9 +755,14 @@ def test_monitor_stop_on_alarm_stops_training_as_avspo_train_does(assets):
     assert trainer.state.global_step == 3 and trainer.stop_reason == ""  # the alarm alone does not stop
 
 
-@pytest.mark.parametrize("kwargs, meant", [({"avspo_alpha": 0.5}, "virtual_sample_alpha"),
-                                           ({"acr_tau_init": 0.3}, "acr_threshold_init"),
-                                           ({"acr_windw": 3}, "acr_window")])  # fmt: skip
+@pytest.mark.parametrize(
+    "kwargs, meant",
+    [
+        ({"avspo_alpha": 0.5}, "virtual_sample_alpha"),
+        ({"acr_tau_init": 0.3}, "acr_threshold_init"),
+        ({"acr_windw": 3}, "acr_window"),
+    ],
+)
 def test_an_unknown_keyword_names_the_field_it_likely_meant(assets, kwargs, meant):
     """What --avspo.alpha and --acr.tau_init suggest in TRL's spelling: a TypeError that points to the
     one spelling of those options (or, for a typo, the closest field)."""

@@ -19,7 +19,9 @@ import torch
 try:
     md.version("verl")
 except md.PackageNotFoundError:
-    pytest.skip("verl is not installed: pip install --no-deps -r requirements-verl.txt (setup.sh does)", allow_module_level=True)  # fmt: skip
+    pytest.skip(
+        "verl is not installed: pip install --no-deps -r requirements-verl.txt (setup.sh does)", allow_module_level=True
+    )
 
 from helpers import undocumented_metrics  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -51,24 +53,36 @@ def data(rewards: torch.Tensor, seed: int = 0):
     scores = torch.zeros(n * g, 6)
     scores[torch.arange(n * g), lengths - 1] = rewards.reshape(-1)[perm]
     uid = np.array([f"prompt-{int(i) // g}" for i in perm], dtype=object)
-    return DataProto.from_dict(tensors={"token_level_rewards": scores, "response_mask": mask}, non_tensors={"uid": uid}), perm  # fmt: skip
+    return DataProto.from_dict(
+        tensors={"token_level_rewards": scores, "response_mask": mask}, non_tensors={"uid": uid}
+    ), perm
 
 
 def algorithm(estimator: str, **sections):
-    return OmegaConf.create({"adv_estimator": estimator, "norm_adv_by_std_in_grpo": True, "gamma": 1.0, "lam": 1.0, **sections})  # fmt: skip
+    return OmegaConf.create(
+        {"adv_estimator": estimator, "norm_adv_by_std_in_grpo": True, "gamma": 1.0, "lam": 1.0, **sections}
+    )
 
 
 def advantages(cfg, rewards=REWARDS, seed=0):
     batch, perm = data(rewards, seed)
     # verl's trainer passes algorithm.norm_adv_by_std_in_grpo on its own as well as the config
-    out = compute_advantage(batch, adv_estimator=cfg.adv_estimator, config=cfg,
-                            norm_adv_by_std_in_grpo=cfg.get("norm_adv_by_std_in_grpo", True))  # fmt: skip
+    out = compute_advantage(
+        batch,
+        adv_estimator=cfg.adv_estimator,
+        config=cfg,
+        norm_adv_by_std_in_grpo=cfg.get("norm_adv_by_std_in_grpo", True),
+    )
     return out.batch["advantages"], out.batch["returns"], out.batch["response_mask"], perm
 
 
 def closed_form(remedy: str, options: dict, tau: float) -> torch.Tensor:
     cls = ESTIMATORS[remedy].config
-    cfg = cls(**{**options, **{k: v for k, v in (("std_convention", "unbiased"), ("eps", 1e-6)) if hasattr(cls, k)}}) if cls else None  # fmt: skip
+    cfg = (
+        cls(**{**options, **{k: v for k, v in (("std_convention", "unbiased"), ("eps", 1e-6)) if hasattr(cls, k)}})
+        if cls
+        else None
+    )
     # the run's generator: algorithm.acr.seed, 0 by default (AVSPO's random_uniform draws from it)
     adv, _ = group_advantages(REWARDS, remedy, cfg, tau_adapt=tau, generator=torch.Generator().manual_seed(0))
     return adv
@@ -128,8 +142,12 @@ def test_random_uniform_draws_on_across_one_runs_calls_from_its_seed():
 
     options = {"strategy": "random_uniform", "alpha": 1.0}
     cfg = algorithm("acr_avspo", acr={"tau_init": 0.3, "window": 1, "seed": 7}, avspo=options)
-    ref = CollapseController("avspo", AVSPOConfig(**options, std_convention="unbiased", eps=1e-6),
-                             acr=ACRConfig(tau_init=0.3, window=1), seed=7)  # fmt: skip
+    ref = CollapseController(
+        "avspo",
+        AVSPOConfig(**options, std_convention="unbiased", eps=1e-6),
+        acr=ACRConfig(tau_init=0.3, window=1),
+        seed=7,
+    )
     got = []
     for call in range(3):
         adv, _, mask, perm = advantages(cfg, seed=call)
@@ -164,25 +182,51 @@ def test_bad_setups_fail_in_one_line():
 # advantage is computed), naming the option as the verl user set it
 SECTION_MISTAKES = [
     ("acr_avspo", {"avspo": {"alpha": -1}}, "algorithm.avspo.alpha must be > 0, got -1"),
-    ("acr_avspo", {"avspo": {"strategy": "bogus"}}, "algorithm.avspo.strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'"),
+    (
+        "acr_avspo",
+        {"avspo": {"strategy": "bogus"}},
+        "algorithm.avspo.strategy must be one of exp_decay, fixed_partial, opposite, random_uniform, stratified, got 'bogus'",
+    ),
     ("acr_avspo", {"avspo": {"alpah": 1.0}}, "algorithm.avspo has no option 'alpah'; AVSPOConfig takes alpha, "),
-    ("acr_avspo", {"avspo": {"eps": 1e-3}}, "algorithm.avspo.eps cannot be set: it follows the framework's GRPO (eps=1e-06), got 0.001"),
-    ("acr_avspo", {"avspo": {"num_virtual": 2, "strategy": "opposite"}}, "algorithm.avspo.num_virtual cannot be combined with algorithm.avspo.strategy opposite"),
+    (
+        "acr_avspo",
+        {"avspo": {"eps": 1e-3}},
+        "algorithm.avspo.eps cannot be set: it follows the framework's GRPO (eps=1e-06), got 0.001",
+    ),
+    (
+        "acr_avspo",
+        {"avspo": {"num_virtual": 2, "strategy": "opposite"}},
+        "algorithm.avspo.num_virtual cannot be combined with algorithm.avspo.strategy opposite",
+    ),
     ("acr_grpo", {"acr": {"tau_init": 2}}, "algorithm.acr.tau_init must be in [0, 1], got 2"),
     ("acr_grpo", {"acr": {"window": 0}}, "algorithm.acr.window must be >= 1, got 0"),
-    ("acr_grpo", {"acr": {"tau_bounds": [0.6, 0.9]}}, "algorithm.acr.tau_init must lie within algorithm.acr.tau_bounds [0.6, 0.9], got 0.5"),
+    (
+        "acr_grpo",
+        {"acr": {"tau_bounds": [0.6, 0.9]}},
+        "algorithm.acr.tau_init must lie within algorithm.acr.tau_bounds [0.6, 0.9], got 0.5",
+    ),
     ("acr_grpo", {"acr": {"windw": 3}}, "algorithm.acr has no option 'windw'"),
     ("acr_grpo", {"acr": {"seed": -1}}, "algorithm.acr.seed must be an integer >= 0, got -1"),
     ("acr_sign", {"sign": {"scope": "some"}}, "algorithm.sign.scope must be one of collapsed, all, got 'some'"),
     ("acr_ngrpo", {"ngrpo": {"num_max": 0}}, "algorithm.ngrpo.num_max must be >= 1, got 0"),
     ("acr_ngrpo", {"ngrpo": {"gated": "yes"}}, "algorithm.ngrpo.gated must be True or False, got 'yes'"),
     ("acr_sign", {"monitor": {"kl_bound": -1}}, "algorithm.monitor.kl_bound must be >= 0, got -1"),
-    ("acr_sign", {"monitor": {"stop_on_alarm": ["kl_drift"]}}, "algorithm.monitor.stop_on_alarm names kl_drift, which needs algorithm.monitor.kl_bound"),
-    ("acr_sign", {"avspo": {"alpha": 0.5}}, "algorithm.avspo holds the options of acr_avspo, but algorithm.adv_estimator is acr_sign"),
-]  # fmt: skip
+    (
+        "acr_sign",
+        {"monitor": {"stop_on_alarm": ["kl_drift"]}},
+        "algorithm.monitor.stop_on_alarm names kl_drift, which needs algorithm.monitor.kl_bound",
+    ),
+    (
+        "acr_sign",
+        {"avspo": {"alpha": 0.5}},
+        "algorithm.avspo holds the options of acr_avspo, but algorithm.adv_estimator is acr_sign",
+    ),
+]
 
 
-@pytest.mark.parametrize("estimator, sections, message", SECTION_MISTAKES, ids=[str(i) for i in range(len(SECTION_MISTAKES))])  # fmt: skip
+@pytest.mark.parametrize(
+    "estimator, sections, message", SECTION_MISTAKES, ids=[str(i) for i in range(len(SECTION_MISTAKES))]
+)
 def test_every_section_mistake_is_refused_at_the_first_use_naming_the_option(estimator, sections, message):
     cfg = algorithm(estimator, **sections)
     for call in (lambda: plugin.check_config(cfg), lambda: advantages(cfg)):
@@ -201,7 +245,9 @@ def test_a_nan_score_is_an_unscored_completion():
     cfg = algorithm("acr_avspo", acr={"tau_init": 0.3})
     batch, perm = data(rewards)
     out = compute_advantage(batch, adv_estimator="acr_avspo", config=cfg, norm_adv_by_std_in_grpo=True)
-    theirs = compute_advantage(data(rewards)[0], adv_estimator="grpo", config=algorithm("grpo"), norm_adv_by_std_in_grpo=True)  # fmt: skip
+    theirs = compute_advantage(
+        data(rewards)[0], adv_estimator="grpo", config=algorithm("grpo"), norm_adv_by_std_in_grpo=True
+    )
     m = plugin.acr_metrics(cfg)
     assert (m["acr"], m["acr/all_wrong"], m["acr/all_right"], m["acr/unscored"]) == (0.5, 0.25, 0.25, 2 / 16)
     full = [0, 2]  # the fully scored groups: AVSPO at the gate the batch opened (0.5 > 0.3)
@@ -217,9 +263,11 @@ def test_a_nan_score_is_an_unscored_completion():
 
 
 def _registered(env: dict[str, str]) -> list[str]:
-    code = "import verl\nfrom verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as R\nprint(sorted(k for k in R if k.startswith('acr_')))"  # fmt: skip
+    code = "import verl\nfrom verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY as R\nprint(sorted(k for k in R if k.startswith('acr_')))"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
-    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**clean, **env}, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return eval(out.stdout.strip().splitlines()[-1])
 

@@ -46,7 +46,7 @@ STUDY = RemediesStudy(
         mid_eval_problems=60,
         eval_steps=6,
         tau_init=0.5,
-    ),  # fmt: skip
+    ),
     token_budget=16_000,  # about 20 GRPO steps (2.5 passes over the pool) at the start's response length
     methods={
         "GRPO": [],

@@ -69,7 +69,7 @@ STUDY = GPURemediesStudy(
         "AVSPO-opposite": 6,
         "NGRPO": 6,
         "GRESO": 6,
-    },  # fmt: skip
+    },
     pilot={"GRPO": 6, "AVSPO": 6},
     lr_check={"arms": ("GRPO", "DAPO-DS"), "lrs": (5e-6, 1e-5, 2e-5), "seeds": 3},
     target=0.5,

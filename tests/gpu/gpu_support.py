@@ -24,13 +24,37 @@ def actor_args(model: str, ckpt: str, zero_stage: int, *flags: str, g: int = 4, 
     from orl import parse
 
     return parse(
-        "--actor.model_name_or_path", model, "--ds.zero_stage", str(zero_stage), "--ds.param_dtype", "bf16",
-        "--ds.attn_implementation", "sdpa", "--rollout.n_samples_per_prompt", str(g),
-        "--rollout.batch_size", str(n), "--rollout.micro_batch_size", "4", "--train.batch_size", str(g * n),
-        "--train.micro_batch_size", "4", "--data.max_len", "64", "--actor.adam.lr", "1e-2",
-        "--actor.lr_warmup_ratio", "0", "--ckpt.path", ckpt, "--vllm.sync_backend", "nccl", *flags,
+        "--actor.model_name_or_path",
+        model,
+        "--ds.zero_stage",
+        str(zero_stage),
+        "--ds.param_dtype",
+        "bf16",
+        "--ds.attn_implementation",
+        "sdpa",
+        "--rollout.n_samples_per_prompt",
+        str(g),
+        "--rollout.batch_size",
+        str(n),
+        "--rollout.micro_batch_size",
+        "4",
+        "--train.batch_size",
+        str(g * n),
+        "--train.micro_batch_size",
+        "4",
+        "--data.max_len",
+        "64",
+        "--actor.adam.lr",
+        "1e-2",
+        "--actor.lr_warmup_ratio",
+        "0",
+        "--ckpt.path",
+        ckpt,
+        "--vllm.sync_backend",
+        "nccl",
+        *flags,
         base=BASE,
-    )  # fmt: skip
+    )
 
 
 def build_actor(args, model: str, max_steps: int = 8):
@@ -67,5 +91,6 @@ def needs_cuda_deepspeed() -> None:
 
     name = get_accelerator().device_name()
     if name != "cuda":
-        pytest.skip(f"DeepSpeed's accelerator is {name!r}: run the GPU suite alone (pytest -m gpu) or set "
-                    "DS_ACCELERATOR=cuda")  # fmt: skip
+        pytest.skip(
+            f"DeepSpeed's accelerator is {name!r}: run the GPU suite alone (pytest -m gpu) or set DS_ACCELERATOR=cuda"
+        )

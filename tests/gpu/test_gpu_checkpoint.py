@@ -38,8 +38,9 @@ def test_resume_skips_a_half_written_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     model = build_tiny_model(str(tmp_path / "tiny"))
     ckpt = str(tmp_path / "ckpt")
-    args = actor_args(model, ckpt, 2, "--remedy", "avspo", "--acr.window", "1", "--acr.tau_init", "0.1",
-                      "--ckpt.max_num", "1")  # fmt: skip
+    args = actor_args(
+        model, ckpt, 2, "--remedy", "avspo", "--acr.window", "1", "--acr.tau_init", "0.1", "--ckpt.max_num", "1"
+    )
     actor = build_actor(args, model)
     maker = maker_for(args, LocalGroup(actor))
     rewards = torch.tensor([[1.0, 1, 1, 1], [1, 0, 0, 1]])

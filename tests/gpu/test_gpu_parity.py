@@ -32,8 +32,9 @@ def test_experience_maker_cpu_cuda_parity(estimator, monkeypatch):
     from avspo_openrlhf.algo import CollapseController
 
     in_process_ray(monkeypatch)
-    args = parse("--rollout.n_samples_per_prompt", str(G), "--rollout.batch_size", "5",
-                 "--rollout.micro_batch_size", "4")  # fmt: skip
+    args = parse(
+        "--rollout.n_samples_per_prompt", str(G), "--rollout.batch_size", "5", "--rollout.micro_batch_size", "4"
+    )
     made = {}
     for device in ("cpu", "cuda"):
         maker = maker_for(args, ScriptedPolicyGroup(), controller=CollapseController(estimator, seed=2))

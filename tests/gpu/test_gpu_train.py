@@ -48,14 +48,24 @@ def _argv(tmp_path: Path, *extra: str, drop: tuple[str, ...] = ()) -> list[str]:
         "--actor.model_name_or_path": build_tiny_model(str(tmp_path / "tiny")),
         "--data.prompt_dataset": str(tmp_path / "data.jsonl"),
         "--reward.remote_url": str(ROOT / "tests" / "fixtures" / "hash_reward.py"),
-        "--actor.num_gpus_per_node": "1", "--vllm.num_engines": "1", "--vllm.gpu_memory_utilization": "0.2",
-        "--rollout.n_samples_per_prompt": "4", "--rollout.batch_size": "4", "--rollout.micro_batch_size": "4",
-        "--train.batch_size": "16", "--train.micro_batch_size": "4", "--data.max_samples": str(4 * STEPS),
-        "--rollout.max_new_tokens": "16", "--data.max_len": "96", "--actor.adam.lr": "1e-2",
-        "--algo.kl.init_coef": "0.001", "--acr.window": "1",
-        "--logger.tensorboard_dir": str(tmp_path / "tb"), "--ckpt.path": str(tmp_path / "ckpt"),
+        "--actor.num_gpus_per_node": "1",
+        "--vllm.num_engines": "1",
+        "--vllm.gpu_memory_utilization": "0.2",
+        "--rollout.n_samples_per_prompt": "4",
+        "--rollout.batch_size": "4",
+        "--rollout.micro_batch_size": "4",
+        "--train.batch_size": "16",
+        "--train.micro_batch_size": "4",
+        "--data.max_samples": str(4 * STEPS),
+        "--rollout.max_new_tokens": "16",
+        "--data.max_len": "96",
+        "--actor.adam.lr": "1e-2",
+        "--algo.kl.init_coef": "0.001",
+        "--acr.window": "1",
+        "--logger.tensorboard_dir": str(tmp_path / "tb"),
+        "--ckpt.path": str(tmp_path / "ckpt"),
         "--ckpt.output_dir": str(tmp_path / "final"),
-    }  # fmt: skip
+    }
     argv = test_gpu_path.readme_gpu_command()
     for flag, value in set_to.items():
         argv = test_gpu_path._replace(argv, flag, value) if flag in argv else [*argv, flag, value]
