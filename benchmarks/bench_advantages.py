@@ -19,6 +19,7 @@ import json
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -107,11 +108,8 @@ def main() -> None:
             "repeats": args.repeats,
             "rows": rows,
         }
-        with open(args.out + ".json", "w", encoding="utf-8") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
-        with open(args.out + ".md", "w", encoding="utf-8") as f:
-            f.write(page(record))
+        Path(args.out + ".json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        Path(args.out + ".md").write_text(page(record), encoding="utf-8")
 
 
 def _us(x: float) -> str:

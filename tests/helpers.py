@@ -20,6 +20,32 @@ def shared_file(name: str) -> str:
     return str(path)
 
 
+def small_study(**changes):
+    """The study loop's settings for tests on the tiny model (a few tokens, a small budget), with
+    ``changes``: each test file states only what it needs otherwise."""
+    import dataclasses
+
+    from avspo_openrlhf.study.loop import StudySettings
+
+    base = StudySettings(
+        group_size=4,
+        prompts_per_step=2,
+        max_new_tokens=8,
+        temperature=0.7,
+        lr=1e-3,
+        token_budget=150,
+        reward="study_reward:parity",
+        acr={"tau_init": 0.25, "window": 2},
+        eval_n=2,
+        mid_eval_tokens=40,
+        mid_eval_problems=4,
+        ckpt_every=2,
+        micro_batch=4,
+        gen_batch=16,
+    )
+    return dataclasses.replace(base, **changes)
+
+
 def tiny_assets(root: Path, n_prompts: int = 32) -> dict:
     """The tiny random model and ``n_prompts`` arithmetic prompts under ``root`` (``cpu.tiny.tiny_assets``)."""
     from avspo_openrlhf.cpu import tiny

@@ -16,10 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import small_study
 
 from avspo_openrlhf.data.io import write_jsonl
 from avspo_openrlhf.study.engine import StackedEngine
-from avspo_openrlhf.study.loop import Arm, RunSpec, StudySettings
+from avspo_openrlhf.study.loop import Arm, RunSpec
 from avspo_openrlhf.study.scheduler import Job, run_jobs
 
 pytest.importorskip("transformers")
@@ -38,23 +39,7 @@ ARMS = {  # every arm family of the study, its controls included
     "coin-reward": Arm("grpo", reward="random"),
     "GRPO@2e-3": Arm("grpo", lr=2e-3),
 }
-SMALL = StudySettings(
-    group_size=4,
-    prompts_per_step=2,
-    max_new_tokens=8,
-    temperature=0.7,
-    lr=1e-3,
-    token_budget=160,
-    reward="study_reward:half_collapsed",
-    acr={"tau_init": 0.25, "window": 2},
-    eval_n=2,
-    mid_eval_tokens=40,
-    mid_eval_problems=4,
-    ckpt_every=2,
-    micro_batch=4,
-    gen_batch=16,
-    engine="stacked",
-)
+SMALL = small_study(token_budget=160, reward="study_reward:half_collapsed", engine="stacked")
 
 
 @pytest.fixture(scope="module")

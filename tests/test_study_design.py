@@ -14,32 +14,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_study
 
 from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, CollapseController, collapse_stats
 from avspo_openrlhf.study import loop
 from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
-from avspo_openrlhf.study.loop import Arm, RunSpec, StudySettings
+from avspo_openrlhf.study.loop import Arm, RunSpec
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, StudyError, check_pairable
 
 pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
-SMALL = StudySettings(
-    group_size=4,
-    prompts_per_step=2,
-    max_new_tokens=8,
-    temperature=0.7,
-    lr=1e-3,
-    token_budget=150,
-    reward="study_reward:parity",
-    acr={"tau_init": 0.25, "window": 2},
-    eval_n=2,
-    mid_eval_tokens=40,
-    mid_eval_problems=4,
-    ckpt_every=0,
-    micro_batch=4,
-    gen_batch=16,
-)
+SMALL = small_study(ckpt_every=0)
 
 
 @pytest.fixture(scope="module")

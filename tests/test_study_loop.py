@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import small_study
 
 from avspo_openrlhf import stats
 from avspo_openrlhf.study import loop
@@ -43,22 +44,7 @@ ARMS = {  # the study's arms (experiments/remedies_gpu/run.py) and each estimato
     "format-reward": Arm("grpo", reward="format"),
     "random-sign": Arm("grpo", control="random_sign"),
 }
-SMALL = StudySettings(
-    group_size=4,
-    prompts_per_step=2,
-    max_new_tokens=8,
-    temperature=1.0,
-    lr=1e-3,
-    token_budget=150,
-    reward="study_reward:parity",
-    acr={"tau_init": 0.25, "window": 2},
-    eval_n=2,
-    mid_eval_tokens=40,
-    mid_eval_problems=4,
-    ckpt_every=2,
-    micro_batch=4,
-    gen_batch=16,
-)
+SMALL = small_study(temperature=1.0)
 
 
 @pytest.fixture(scope="module")
