@@ -124,7 +124,7 @@ def page(r: dict) -> str:
         how = "one at a time" if row["sequential"] else "all submitted"
         lines.append(
             f"| {row['workers']} ({how}) | {row['per_s']:.0f} | {row['per_s'] / row['workers']:.0f} | {' | '.join(p)} | "
-            f"{row['correct']:.0%} | {row['timeouts']:.0%} | {row['hangs']} |"
+            f"{row['correct']:.2%} | {row['timeouts']:.2%} | {row['hangs']} |"
         )
     return "\n".join(lines) + "\n"
 
