@@ -435,10 +435,6 @@ def test_greso_with_avspo_skips_stops_at_the_token_budget_and_resumes_its_histor
     assert (out / "final" / "config.json").exists()
 
 
-if __name__ == "__main__":
-    sys.exit(pytest.main([__file__, "-q"]))
-
-
 def test_the_typed_settings_are_built_once_and_a_plugin_imported_once_per_process(tmp_path, monkeypatch):
     """``--avspo.alpha`` becomes typed once: every reader of the run's flags in this process (the
     validation, the trainer, the experience maker's controller) gets the one frozen object, and a
@@ -460,3 +456,7 @@ def test_the_typed_settings_are_built_once_and_a_plugin_imported_once_per_proces
     args.avspo.alpha = 0.4  # other values are other settings, built once too
     assert settings(args).remedy_config.alpha == 0.4 and settings(args) is settings(args) is not first
     sys.modules.pop("counted_plugin", None)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
