@@ -421,7 +421,10 @@ class MonitorConfig(Options):
     kl_bound: float | None = flag(None, "KL-drift alarm: KL above this ... (default: off).", valid=">=0")
     kl_patience: int = flag(20, "... for more than this many steps.", valid=">=0")
     kl_source: str = flag(
-        "ref", "KL to the reference model ('kl') or to the previous policy ('ppo_kl').", choices=["ref", "old"]
+        "ref",
+        "Which KL the drift alarm watches: ref, the KL to the reference model (logged as kl; needs a KL "
+        "coefficient > 0); old, the KL to the previous policy (logged as ppo_kl).",
+        choices=["ref", "old"],
     )
     stop_on_alarm: tuple[str, ...] = flag(
         (),
