@@ -45,7 +45,7 @@ def build_tiny_model(out_dir: str, seed: int = 0, hidden: int = 64, layers: int 
         num_hidden_layers=layers,
         num_attention_heads=max(1, hidden // 32),
         num_key_value_heads=1,
-        max_position_embeddings=512,
+        max_position_embeddings=2048,  # the positions the README's GPU command asks for (--data.max_len 2048)
         tie_word_embeddings=True,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
