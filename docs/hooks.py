@@ -219,14 +219,18 @@ def remedy_cost_table() -> str:
     runs: dict[str, list[dict]] = {}
     for run in study["runs"]:
         runs.setdefault(run["method"], []).append(run)
-    first = study["runs"][0]
+    # every run's machine and precision, named once when the runs agree (each one otherwise)
+    kinds = sorted({(r["cpu"], r["precision"]["policy"], r["precision"]["rollout engine"]) for r in study["runs"]})
+    where = "; ".join(
+        f"{cpu}, policy {p.replace('float', 'fp')}, rollout engine {e.replace('float', 'fp')}" for cpu, p, e in kinds
+    )
     ratio = bench["step_ratio"]["after/grpo"]
     rl_zvp = (
         f"step time x{ratio:.2f} of GRPO's (`benchmarks/bench_rl_zvp_step.py`: "
         f"{bench['model']} model, {bench['device']}, {bench['dtype']})"
     )
     rows = [
-        f"Measured on {first['cpu']}, policy and engine in {first['precision']['policy'].replace('float', 'fp')}, "
+        f"Measured on {where}, "
         f"every run stopped at {study['budget_tokens']:,} generated tokens ([the study](../experiments/remedies/README.md), "
         "[its table](../experiments/remedies/results/results.md)); mean over seeds, the difference paired by seed "
         "with its 95 % bootstrap interval:",

@@ -63,10 +63,7 @@ def documented_metrics(text: str | None = None) -> re.Pattern:
     # the page's renaming rule (``acr_<view>`` becomes ``acr/<view>``, ``<remedy>/*`` keeps its name)
     # would match any name: TRL's and verl's names are mapped back instead (undocumented_metrics)
     names = {n for n in re.findall(r"`([A-Za-z0-9_/<>*.-]+)`", text) if not re.search(r"^<[^>]+>/\*$|<view>|<name>", n)}
-    parts = [
-        re.sub(r"<[^>/]+>", "[^/]+", re.escape(n).replace(r"\*", ".*").replace(r"\<", "<").replace(r"\>", ">"))
-        for n in names
-    ]
+    parts = [re.sub(r"<[^>/]+>", "[^/]+", re.escape(n).replace(r"\*", ".*")) for n in names]
     return re.compile("|".join(sorted(parts)))
 
 

@@ -139,8 +139,12 @@ def check(site: Path, only: list[str] | None = None, workers: int = 2) -> dict[s
         raise FileNotFoundError("no Chromium: apt-get install chromium")
     wanted = pages(site)
     if only:
-        names = {o.strip("/") + ("/index.html" if not o.endswith(".html") else "") for o in only}
-        wanted = [p for p in wanted if p in names or p.removesuffix("index.html").strip("/") + "/index.html" in names]
+
+        def folder(page: str) -> str:  # install, install/, install/index.html -> install ("" is the home page)
+            return page.strip("/").removesuffix("index.html").strip("/")
+
+        names = {folder(o) for o in only}
+        wanted = [p for p in wanted if folder(p) in names]
     with tempfile.TemporaryDirectory(prefix="site_in_browser_") as tmp:
         scratch = Path(tmp) / "site"
         _probe_copy(site, scratch)

@@ -152,9 +152,9 @@ def build_controller(remedy: str | RemedyConfigs | None, *, seed: int = 0, **con
     arguments (every value checked there), or ``remedy`` is what it returned; ``seed`` seeds the
     generator of random virtual rewards (AVSPO ``random_uniform``), unless the remedy's config has a
     ``seed`` (CollapseController's rule)."""
-    built = remedy if isinstance(remedy, RemedyConfigs) else build_configs(remedy, **configs)
     if configs and isinstance(remedy, RemedyConfigs):
         raise TypeError("build_controller: give built configs or the options to build, not both")
+    built = remedy if isinstance(remedy, RemedyConfigs) else build_configs(remedy, **configs)
     return CollapseController(built.remedy, built.config, acr=built.acr, monitor=built.monitor, seed=int(seed))
 
 
