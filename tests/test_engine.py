@@ -178,6 +178,18 @@ def test_a_failing_run_leaves_the_others_to_finish(assets, tmp_path):
     assert any("started a batch of 3 (stacked)" in line for line in log)
 
 
+def test_a_crashed_batch_names_the_file_that_holds_its_traceback(assets, tmp_path):
+    """A crash of the engine's process outside any run (here a bad thread count; on an H200 a device
+    mix in the optimizer) leaves no run log.txt: the message names batch.log, which holds it."""
+    job = Job(spec(assets, "GRPO", 0), tmp_path / "GRPO_seed0")
+    log = []
+    assert run_jobs([job], 1, threads=-1, env=ENV, log=log.append, engine="stacked") == ["GRPO_seed0"]
+    (line,) = [x for x in log if "failed" in x]
+    named = line.split("see ", 1)[1].split(" and ")
+    assert all(Path(p).is_file() for p in named) and any(p.endswith("batch.log") for p in named)
+    assert "Traceback" in "".join(Path(p).read_text() for p in named)
+
+
 def test_the_runs_of_one_batch_share_model_and_settings(assets, tmp_path):
     with pytest.raises(ValueError, match="share the model and the settings"):
         StackedEngine(

@@ -177,6 +177,56 @@ def test_a_non_finite_step_is_skipped_counted_and_diagnosed(assets, tmp_path):
     assert res["nonfinite_share"] == pytest.approx(1 / res["steps"]) and res["flagged"]  # above 1 %
 
 
+def test_no_query_row_of_the_training_forward_is_blind(assets, tmp_path, monkeypatch):
+    """The first pilot's step-35 failure (H200, bf16): the rows with left padding attend to no key,
+    and some CUDA SDPA kernels' backward gives NaN there, which 0 x NaN carries to every parameter.
+    A CPU's kernel returns 0 there, so the test stands such a kernel in: NaN on a row that sees no key.
+    With the 2D mask the gradient is not finite; with the loop's mask no row is blind, and the
+    completion's log-probs are those of the 2D mask."""
+    real = torch.nn.functional.scaled_dot_product_attention
+    blind_rows = []
+
+    def nan_where_blind(q, k, v, attn_mask=None, *args, **kwargs):
+        out = real(q, k, v, attn_mask, *args, **kwargs)
+        if attn_mask is None or attn_mask.dtype != torch.bool:
+            return out
+        blind = ~attn_mask.any(-1, keepdim=True)  # [B, 1, L, 1]
+        blind_rows.append(int(blind.sum()))
+        return out.masked_fill(blind, float("nan"))
+
+    run = loop.Run(spec(assets, Arm("grpo"), final_eval=False), tmp_path / "r")
+    model = run.policy.model
+    assert model.config._attn_implementation == "sdpa"  # the private name the loop reads
+    ro = run.policy.generate(["What is 2 + 3?", "What is 17 * 23 + 4 - 9?"], 2, 8, 0.7, 16)
+    assert (ro.attn[:, 0] == 0).any()  # the shorter prompt is left-padded
+    width_c, pos = ro.mask.shape[1], (ro.attn.cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        logits = model(input_ids=ro.ids, attention_mask=ro.attn, position_ids=pos).logits[:, -width_c - 1 : -1]
+        ref, _ = loop.token_logprobs_entropy(logits, ro.ids[:, -width_c:], 0.7, False)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", nan_where_blind)
+
+    def grads_finite(forward) -> bool:
+        model.zero_grad(set_to_none=True)
+        (forward() * ro.mask).sum().backward()
+        return all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+    def with_2d_mask():
+        logits = model(input_ids=ro.ids, attention_mask=ro.attn, position_ids=pos).logits[:, -width_c - 1 : -1]
+        return loop.token_logprobs_entropy(logits, ro.ids[:, -width_c:], 0.7, False)[0]
+
+    assert not grads_finite(with_2d_mask) and sum(blind_rows) > 0
+    blind_rows.clear()
+    lp = run.policy.logprobs_entropy(ro.ids, ro.attn, width_c, False, 0.7)[0]
+    assert grads_finite(lambda: run.policy.logprobs_entropy(ro.ids, ro.attn, width_c, False, 0.7)[0])
+    assert blind_rows and sum(blind_rows) == 0
+    m = ro.mask.bool()
+    assert torch.allclose(lp[m], ref[m], atol=1e-6)
+    # eager attention takes the same mask as an additive one
+    eager = loop.training_attention_mask(ro.attn, "eager")
+    assert eager.dtype == torch.float32 and torch.equal(eager == 0, loop.training_attention_mask(ro.attn))
+    assert loop.training_attention_mask(ro.attn, "flash_attention_2") is ro.attn
+
+
 # ── 4. runs keyed by what they ran ──
 
 

@@ -524,9 +524,10 @@ class Policy:
         """Log-probs ``[B, T]`` of the completion tokens under the sampling policy softmax(logits / T)
         (with grad) and, when asked, its entropies (no grad); logits only at the completion's positions."""
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
+        mask = training_attention_mask(attn, getattr(self.model.config, "_attn_implementation", "sdpa"))
         with self.autocast() if autocast else contextlib.nullcontext():
             logits = self.model(
-                input_ids=ids, attention_mask=attn, position_ids=pos, logits_to_keep=width_c + 1
+                input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=width_c + 1
             ).logits[:, :-1]
         return token_logprobs_entropy(logits, ids[:, -width_c:], temperature, entropy)
 
@@ -660,6 +661,29 @@ class HFEngine:
             diag.update(fp32_grad_finite=bool(torch.isfinite(norm)), fp32_loss_finite=fp32["loss_finite"])
         self.optimizer.zero_grad(set_to_none=True)
         return {**out, "update_skipped": 1, "diagnosis": diag}
+
+
+def training_attention_mask(attn: torch.Tensor, implementation: str = "sdpa") -> torch.Tensor:
+    """The training forward's 4D attention mask ``[B, 1, L, L]`` from the 2D one ``[B, L]``: causal,
+    padded keys masked, and a query row that would see no key (a left-padding position) sees every key.
+
+    Why: with the 2D mask, each left-padding position attends to nothing. The forward of CUDA's SDPA
+    kernels returns 0 there, but the backward of some of them returns NaN, and 0 x NaN reaches every
+    parameter: the first GPU pilot's GRPO seed 0 stopped at step 35 on an H200 (bf16 autocast) so, its
+    fp32 recomputation finite, only the rows with left padding non-finite, advantage 0 or not (PyTorch
+    issues 103749, 110213). A padding row's output is never read (its key is masked for every other
+    row, its logits are not kept), so opening it changes nothing else; the stacked engine and
+    transformers' former ``_unmask_unattended`` do the same. SDPA takes a boolean mask and eager an
+    additive one; other kernels (flash-attention, flex) drop the padding themselves and keep ``attn``."""
+    if implementation not in ("sdpa", "eager"):
+        return attn
+    length = attn.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=attn.device).tril()
+    mask = causal[None] & attn.bool()[:, None, :]
+    mask = (mask | ~mask.any(-1, keepdim=True))[:, None]
+    if implementation == "sdpa":
+        return mask
+    return torch.zeros(mask.shape, device=attn.device).masked_fill(~mask, torch.finfo(torch.float32).min)
 
 
 def token_logprobs_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float, entropy: bool):

@@ -180,7 +180,9 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until) -> li
             for job in batch:
                 if not job.done():
                     failed.append(job.name)
-                    log(f"[study] {job.name} failed (exit {live[0].returncode}): see {job.run_dir / 'log.txt'}")
+                    # a run's own failure is in its log.txt; the process's (a crash outside any run) in batch.log
+                    logs = [p for p in (job.run_dir / "log.txt", batch[0].run_dir / "batch.log") if p.is_file()]
+                    log(f"[study] {job.name} failed (exit {live[0].returncode}): see {' and '.join(map(str, logs))}")
                 else:
                     log(f"[study] {job.name} done")
                 if on_done is not None:

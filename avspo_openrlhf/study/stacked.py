@@ -310,7 +310,8 @@ class StackedAdamW:
         is finite. Returns ``(norms [K], stepped [K] bool)``."""
         norms = self.grad_norms()
         k = norms.shape[0]
-        stepped = torch.isfinite(norms) & (torch.ones(k, dtype=torch.bool) if active is None else active.cpu())
+        # the per-run bookkeeping lives on the CPU (the norms on the runs' device: an H200 found the mix)
+        stepped = torch.isfinite(norms).cpu() & (torch.ones(k, dtype=torch.bool) if active is None else active.cpu())
         self.step_count += stepped.double()
         b1, b2 = self.betas
         coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)  # torch's clip_grad_norm_
