@@ -458,5 +458,48 @@ def test_the_typed_settings_are_built_once_and_a_plugin_imported_once_per_proces
     sys.modules.pop("counted_plugin", None)
 
 
+@pytest.mark.parametrize("backend", ["gpu", "cpu"])
+def test_check_config_only_reads_the_args(tmp_path, backend):
+    """``args`` are written once, while parsed (``complete_args``: the remedy's every option, the CPU
+    backend's settings, the entropy for the monitor); ``check_config`` and OpenRLHF's checks after it
+    leave them as they are, and the typed settings are the ones built then."""
+    import copy
+    from types import SimpleNamespace
+
+    from avspo_openrlhf.cli.train import _to_dict, check_config
+    from avspo_openrlhf.trainer.run_settings import settings
+
+    flags = [
+        *_flags(tmp_path, _rows(tmp_path, GOOD)),
+        "--remedy",
+        "avspo",
+        "--avspo.alpha",
+        "0.3",
+        "--backend",
+        backend,
+    ]
+    args = run(flags, dry_run=True)
+    built = settings(args)
+    assert vars(args.avspo)["alpha"] == 0.3 and "strategy" in vars(args.avspo)  # every option, written once
+    assert args.actor.entropy_coef == 0.0  # the monitor's entropy, asked of OpenRLHF while parsing
+    before = copy.deepcopy(_to_dict(args))
+
+    class ReadOnly(SimpleNamespace):
+        def __setattr__(self, name, value):
+            raise AssertionError(f"check_config wrote {name} = {value!r}")
+
+    def read_only(ns):
+        if not isinstance(ns, SimpleNamespace):
+            return ns
+        out = ReadOnly()
+        out.__dict__.update({k: read_only(v) for k, v in vars(ns).items()})
+        return out
+
+    frozen = read_only(args)
+    check_config(frozen)  # any write raises
+    assert _to_dict(frozen) == before
+    assert settings(frozen) is built
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -4,7 +4,8 @@ dynamic filter, health monitors and the version-tagged async buffer.
 The path of one run, in order (each step an ordinary function call):
 
 1. :func:`openrlhf_args`: OpenRLHF's own parser, defaults and checks (its ``__main__`` block,
-   without its final ``train(args)``), plus our flag groups and :func:`check_config`;
+   without its final ``train(args)``), plus our flag groups, :func:`complete_args` (the one place
+   that writes ``args``) and :func:`check_config` (reads only);
 2. :func:`~avspo_openrlhf.cli.preflight.preflight` (datasets, model, reward file: seconds, before
    Ray); ``--dry-run`` runs its offline part, prints the config and stops;
 3. ``--backend gpu``: OpenRLHF's ``train(args)`` with our trainer classes installed for that call
@@ -104,14 +105,15 @@ def _main_block(tree: ast.Module, path: str) -> tuple[list, list, list]:
     return body[: parse[0]], body[parse[0] + 1 : hier[0] + 1], body[hier[0] + 1 : -1]
 
 
-def openrlhf_args(argv: list[str], extend_parser, check) -> SimpleNamespace:
+def openrlhf_args(argv: list[str], extend_parser, check, complete=None) -> SimpleNamespace:
     """OpenRLHF 0.11.2's validated ``args`` for ``argv``, exactly as ``train_ppo_ray``'s ``__main__``
     would pass them to ``train(args)``, without training.
 
     OpenRLHF builds its parser (~430 flags) and checks the parsed args inside that ``__main__``
     block (~570 lines), so we run the block itself, read from the installed module, in a copy of
     the module's namespace, in three parts: the parser setup; ``extend_parser(parser)`` and
-    ``parser.parse_args(argv)``; ``hierarchize``, ``check(args)``, then OpenRLHF's own checks.
+    ``parser.parse_args(argv)``; ``hierarchize``, ``complete(args)`` (what our flags set in OpenRLHF's),
+    ``check(args)``, then OpenRLHF's own checks.
     The final ``train(args)`` is not run, and nothing is patched: the module, argparse and Ray are
     untouched. An OpenRLHF whose block has another shape fails here with :class:`OpenRLHFMainChanged`.
     A failed OpenRLHF assertion (a user's mistake) is one ``avspo-train: error:`` line, exit 2.
@@ -130,6 +132,8 @@ def openrlhf_args(argv: list[str], extend_parser, check) -> SimpleNamespace:
     extend_parser(parser)
     ns["args"] = parser.parse_args(argv)
     run_part(hier, ns)
+    if complete is not None:
+        complete(ns["args"])
     check(ns["args"])
     try:
         run_part(checks, ns)
@@ -220,28 +224,41 @@ def flag_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-def check_config(args) -> None:
-    """Our checks, right after OpenRLHF's ``hierarchize`` and before OpenRLHF's own checks (which
-    assume GPUs): a mistake is one line like argparse's and exit 2, before anything starts."""
+def complete_args(args) -> None:
+    """What the flags mean for OpenRLHF, written into its ``args`` once, right after ``hierarchize``
+    (part of parsing: nothing reads ``args`` before): the wandb key moved to the environment, plugin
+    files by absolute path, reward aliases resolved, the entropy computed for the monitor, the CPU
+    backend's settings, and the chosen remedy's every option (the printed and logged config). After
+    this ``args`` is not written again: :func:`check_config` only reads it, and every component reads
+    the typed, frozen settings built here once (``trainer/run_settings.py: settings``)."""
     move_wandb_key_to_env(args)  # before anything can print, save or ship the args
     # a plugin file by its absolute path: Ray workers re-import it (trainer/run_settings.py) from another folder
     args.plugin = [os.path.abspath(p) if p.endswith(".py") else p for p in getattr(args, "plugin", None) or []]
     try:
         reward_files.resolve_reward_alias(args)
-        validate(args)
         chosen = settings(args)
+        if not chosen.monitor.disable_entropy and args.actor.entropy_coef is None:
+            # coef 0 makes OpenRLHF compute the entropy (logged as entropy_loss) without changing the loss
+            args.actor.entropy_coef = 0.0
         if chosen.remedy_config is not None:  # the remedy's every option in the printed/logged config
-            setattr(
-                args,
-                chosen.remedy,
-                SimpleNamespace(
-                    **{
-                        k: list(v) if isinstance(v, tuple) else v
-                        for k, v in dataclasses.asdict(chosen.remedy_config).items()
-                    }
-                ),
-            )
-            keep_settings(args, chosen)
+            options = {
+                k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(chosen.remedy_config).items()
+            }
+            setattr(args, chosen.remedy, SimpleNamespace(**options))
+            keep_settings(args, chosen)  # the same values, one object
+        if args.backend == "cpu":
+            from avspo_openrlhf.cpu.backend import complete_cpu_args
+
+            complete_cpu_args(args)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def check_config(args) -> None:
+    """Our checks, after :func:`complete_args` and before OpenRLHF's own checks (which assume GPUs):
+    a mistake is one line like argparse's and exit 2, before anything starts. Reads ``args`` only."""
+    try:
+        validate(args)
         if args.backend == "cpu":
             from avspo_openrlhf.cpu.backend import validate_cpu_args
 
@@ -264,7 +281,7 @@ def parse(argv: list[str]) -> tuple[SimpleNamespace, bool]:
         load_plugins(plugin_specs(argv))
     except ValueError as e:
         _fail(str(e))
-    args = openrlhf_args(argv, extend_parser, check_config)
+    args = openrlhf_args(argv, extend_parser, check_config, complete_args)
     return args, bool(vars(args).pop("dry_run", False))
 
 

@@ -300,8 +300,9 @@ class CPUPolicyModelActor(
         ray.get([e.load_weights.remote(state, self.sync_count) for e in self.cpu_engines])
 
 
-def validate_cpu_args(args) -> None:
-    """Settings the CPU backend needs (OpenRLHF's defaults assume 8 GPUs and flash-attn)."""
+def complete_cpu_args(args) -> None:
+    """The settings the CPU backend needs (OpenRLHF's defaults assume 8 GPUs and flash-attn), written
+    into OpenRLHF's args while they are parsed (``cli/train.py: complete_args``)."""
     if args.actor.num_nodes * args.actor.num_gpus_per_node != 1:
         print("[avspo] CPU backend: one DeepSpeed actor process (--actor.num_gpus_per_node 1)")
         args.actor.num_nodes, args.actor.num_gpus_per_node = 1, 1
@@ -315,6 +316,15 @@ def validate_cpu_args(args) -> None:
     args.cpu.dtype = args.ds.param_dtype = dtype
     if "flash" in args.ds.attn_implementation:
         args.ds.attn_implementation = "sdpa"
+    args.vllm.num_engines = args.vllm.num_engines or 1
+    args.vllm.sync_backend = "gloo"
+    engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
+    if engine_cores:  # normalized, so the dump and the run config show the cores really used
+        args.cpu.engine_cores, args.cpu.train_cores = cpulist(engine_cores), cpulist(train_cores)
+
+
+def validate_cpu_args(args) -> None:
+    """What the CPU backend cannot run, refused (after :func:`complete_cpu_args`; reads ``args`` only)."""
     if args.ds.zero_stage > 2:
         raise ValueError("the CPU backend syncs weights from a single ZeRO-0/1/2 process: use --ds.zero_stage <= 2")
     for flag, on in [
@@ -328,11 +338,6 @@ def validate_cpu_args(args) -> None:
             raise ValueError(f"{flag} is not supported by the CPU backend")
     if not args.reward.remote_url:
         raise ValueError("the CPU backend needs rule-based rewards: --reward.remote_url <file.py>")
-    args.vllm.num_engines = args.vllm.num_engines or 1
-    args.vllm.sync_backend = "gloo"
-    engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
-    if engine_cores:  # normalized, so the dump and the run config show the cores really used
-        args.cpu.engine_cores, args.cpu.train_cores = cpulist(engine_cores), cpulist(train_cores)
 
 
 _REAPER: list = []  # one watcher per driver process (cpu/reaper.py)
@@ -440,8 +445,8 @@ def count_max_steps(strategy) -> int:
 
 def train_cpu(args, on_ray_started=None) -> None:
     """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags); ``args``
-    as ``avspo-train`` validated them (:func:`validate_cpu_args` included). ``on_ray_started`` runs
-    right after Ray is up (the driver takes its SIGTERM handler back from Ray there)."""
+    as ``avspo-train`` completed and validated them (:func:`complete_cpu_args`, :func:`validate_cpu_args`).
+    ``on_ray_started`` runs right after Ray is up (the driver takes its SIGTERM handler back from Ray there)."""
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
     from avspo_openrlhf.cpu.strategy import cpu_strategy

@@ -81,8 +81,8 @@ def settings(args) -> Settings:
 
 
 def keep_settings(args, built: Settings) -> None:
-    """``built`` is what :func:`settings` returns for ``args`` as they are now (``check_config`` wrote
-    the remedy's every option back for the printed config: the same values, one object)."""
+    """``built`` is what :func:`settings` returns for ``args`` as they are now (``complete_args`` wrote
+    the remedy's every option into them for the printed config: the same values, one object)."""
     _BUILT[_flag_values(args)] = built
 
 

@@ -115,6 +115,3 @@ def validate(args) -> None:
                 f"[avspo] --buffer.max_staleness {st} < --train.async_queue_size {args.train.async_queue_size}: "
                 "batches queued behind others will often be over-stale and dropped/regenerated"
             )
-    if not args.monitor.disable_entropy and args.actor.entropy_coef is None:
-        # coef 0 makes OpenRLHF compute the entropy (logged as entropy_loss) without changing the loss
-        args.actor.entropy_coef = 0.0
