@@ -322,7 +322,9 @@ def test_only_the_chosen_remedys_options_are_read_and_its_defaults_fill_the_rest
     from avspo_openrlhf.trainer.run_settings import controller_from_flags
 
     flags = _flags(tmp_path, _rows(tmp_path, GOOD))
-    assert "--avspo.alpha is an option of --remedy avspo" in _fails(capsys, [*flags, "--remedy", "ngrpo", "--avspo.alpha", "0.5"])  # fmt: skip
+    assert "--avspo.alpha is an option of --remedy avspo" in _fails(
+        capsys, [*flags, "--remedy", "ngrpo", "--avspo.alpha", "0.5"]
+    )
     controller = controller_from_flags(run([*flags, "--remedy", "ngrpo", "--ngrpo.num_max", "2"], dry_run=True))
     assert controller.estimator == "ngrpo" and controller.config == NGRPOConfig(num_max=2)
     assert controller_from_flags(run(flags, dry_run=True)).estimator is None  # --remedy none: OpenRLHF's own
@@ -447,7 +449,15 @@ def test_the_typed_settings_are_built_once_and_a_plugin_imported_once_per_proces
     plugin.write_text("import builtins\nbuiltins.AVSPO_TEST_IMPORTS = getattr(builtins, 'AVSPO_TEST_IMPORTS', 0) + 1\n")
     monkeypatch.setattr(builtins, "AVSPO_TEST_IMPORTS", 0, raising=False)
     monkeypatch.delitem(sys.modules, "counted_plugin", raising=False)
-    flags = [*_flags(tmp_path, _rows(tmp_path, GOOD)), "--plugin", str(plugin), "--remedy", "avspo", "--avspo.alpha", "0.3"]  # fmt: skip
+    flags = [
+        *_flags(tmp_path, _rows(tmp_path, GOOD)),
+        "--plugin",
+        str(plugin),
+        "--remedy",
+        "avspo",
+        "--avspo.alpha",
+        "0.3",
+    ]
     args = run(flags, dry_run=True)
     first = settings(args)
     assert settings(args) is first and first.remedy_config.alpha == 0.3

@@ -447,9 +447,21 @@ def test_a_plugin_remedy_runs_as_an_arm_in_the_loops_process(assets, tmp_path):
     text = s.to_json().replace('"estimator": "grpo"', '"estimator": "qae"')
     (tmp_path / "spec.json").write_text(text)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "avspo_openrlhf.study.loop", str(tmp_path / "spec.json"),
-                          str(tmp_path / "run"), "--threads", "1"], capture_output=True, text=True, env=env,
-                         timeout=300)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "avspo_openrlhf.study.loop",
+            str(tmp_path / "spec.json"),
+            str(tmp_path / "run"),
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     res = json.loads((tmp_path / "run" / "result.json").read_text())
     assert res["arm"]["estimator"] == "qae" and res["settings"]["plugins"] == [plugin]
