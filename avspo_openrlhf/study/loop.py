@@ -669,9 +669,9 @@ def training_attention_mask(attn: torch.Tensor, implementation: str = "sdpa") ->
 
     Why: with the 2D mask, each left-padding position attends to nothing. The forward of CUDA's SDPA
     kernels returns 0 there, but the backward of some of them returns NaN, and 0 x NaN reaches every
-    parameter: the first GPU pilot's GRPO seed 0 stopped at step 35 on an H200 (bf16 autocast) so, its
-    fp32 recomputation finite, only the rows with left padding non-finite, advantage 0 or not (PyTorch
-    issues 103749, 110213). A padding row's output is never read (its key is masked for every other
+    parameter. The first GPU pilot's GRPO seed 0 stopped so at step 35 on an H200 (bf16 autocast): the
+    forward and the fp32 recomputation were finite, and only the rows with left padding gave non-finite
+    gradients, whatever their advantage (PyTorch issues 103749, 110213). A padding row's output is never read (its key is masked for every other
     row, its logits are not kept), so opening it changes nothing else; the stacked engine and
     transformers' former ``_unmask_unattended`` do the same. SDPA takes a boolean mask and eager an
     additive one; other kernels (flash-attention, flex) drop the padding themselves and keep ``attn``."""
