@@ -524,7 +524,14 @@ class Policy:
         """Log-probs ``[B, T]`` of the completion tokens under the sampling policy softmax(logits / T)
         (with grad) and, when asked, its entropies (no grad); logits only at the completion's positions."""
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
-        mask = training_attention_mask(attn, getattr(self.model.config, "_attn_implementation", "sdpa"))
+        cfg = self.model.config
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        if window and attn.shape[1] > window:  # the 4D mask below is full causal: refuse rather than differ
+            raise ValueError(
+                f"a training batch of {attn.shape[1]} tokens is longer than the model's sliding window ({window}); "
+                "the study loop's training mask (loop.training_attention_mask) does not apply a window"
+            )
+        mask = training_attention_mask(attn, getattr(cfg, "_attn_implementation", "sdpa"))
         with self.autocast() if autocast else contextlib.nullcontext():
             logits = self.model(
                 input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=width_c + 1
