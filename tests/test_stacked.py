@@ -45,6 +45,20 @@ def _models(kind: str, k: int):
     return cfg, models
 
 
+def test_a_model_the_engine_does_not_compute_is_refused_naming_why():
+    cfg, _ = _models("qwen2", 1)
+    stacked.StackedConfig.from_hf(cfg)
+    base = {k: v for k, v in cfg.to_dict().items() if k != "layer_types"}  # derived from the rest
+    sliding = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}  # layer 2 of 2
+    for change, why in [(sliding, "sliding window"), ({"hidden_act": "gelu"}, "SwiGLU")]:
+        with pytest.raises(ValueError, match=why):
+            stacked.StackedConfig.from_hf(type(cfg)(**{**base, **change}))
+    # which configs have a window: Qwen2's switch and its layers, Llama none
+    assert stacked.sliding_window(type(cfg)(**{**base, **sliding})) == 8
+    assert stacked.sliding_window(type(cfg)(**{**base, **sliding, "max_window_layers": 2})) is None
+    assert stacked.sliding_window(cfg) is None and stacked.sliding_window(_models("llama", 1)[0]) is None
+
+
 def _batch(k: int, b: int, length: int, vocab: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (k, b, length), generator=g)

@@ -226,11 +226,12 @@ def test_no_query_row_of_the_training_forward_is_blind(assets, tmp_path, monkeyp
     assert eager.dtype == torch.float32 and torch.equal(eager == 0, loop.training_attention_mask(ro.attn))
     assert loop.training_attention_mask(ro.attn, "flash_attention_2") is ro.attn
     # a model whose sliding window is shorter than the batch: refused, not trained on a full causal mask
-    model.config.sliding_window, model.config.use_sliding_window = ro.ids.shape[1] - 1, True
+    full = model.config.layer_types
+    model.config.layer_types = ["sliding_attention"] * len(full)
+    model.config.sliding_window = ro.ids.shape[1] - 1
     with pytest.raises(ValueError, match="longer than the model's sliding window"):
         run.policy.logprobs_entropy(ro.ids, ro.attn, width_c, False, 0.7)
-    model.config.use_sliding_window = False  # Qwen2's switch: off, the window is not used
-    run.policy.logprobs_entropy(ro.ids, ro.attn, width_c, False, 0.7)
+    model.config.layer_types = full
 
 
 # ── 4. runs keyed by what they ran ──

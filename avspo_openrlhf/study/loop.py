@@ -71,6 +71,7 @@ from avspo_openrlhf.data.io import DataError, iter_raw
 from avspo_openrlhf.data.tasks import TEMPLATES, make_prompt
 from avspo_openrlhf.folder_lock import lock_folder
 from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
+from avspo_openrlhf.study.stacked import sliding_window
 from avspo_openrlhf.trainer.plugins import load_plugins
 
 # what an arm trains on: the task's verifier; a fair coin per completion (the noise floor: with ratio 1
@@ -525,8 +526,8 @@ class Policy:
         (with grad) and, when asked, its entropies (no grad); logits only at the completion's positions."""
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
         cfg = self.model.config
-        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-        if window and attn.shape[1] > window:  # the 4D mask below is full causal: refuse rather than differ
+        window = sliding_window(cfg)
+        if window is not None and attn.shape[1] > window:  # the 4D mask below is full causal: refuse rather than differ
             raise ValueError(
                 f"a training batch of {attn.shape[1]} tokens is longer than the model's sliding window ({window}); "
                 "the study loop's training mask (loop.training_attention_mask) does not apply a window"

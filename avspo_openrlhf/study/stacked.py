@@ -24,6 +24,16 @@ import torch
 import torch.nn.functional as F
 
 
+def sliding_window(config) -> int | None:
+    """The attention window a transformers config applies in some layer; None where every layer's
+    attention is full causal (Llama; Qwen2 unless ``use_sliding_window`` and ``layer_types`` say so)."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return window if any(t != "full_attention" for t in types) else None
+    return window if getattr(config, "use_sliding_window", window is not None) else None
+
+
 @dataclass(frozen=True)
 class StackedConfig:
     """The architecture the runs share (read from a transformers config)."""
@@ -44,6 +54,8 @@ class StackedConfig:
     def from_hf(cls, config) -> StackedConfig:
         if config.model_type not in ("llama", "qwen2"):
             raise ValueError(f"the stacked engine runs Llama and Qwen2 models, not {config.model_type!r}")
+        if sliding_window(config) is not None:
+            raise ValueError("the stacked engine's attention is full causal: this model uses a sliding window")
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"the stacked engine's MLP is SwiGLU (silu), got {config.hidden_act!r}")
         rope = getattr(config, "rope_parameters", None) or {}
