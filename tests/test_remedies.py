@@ -453,10 +453,7 @@ def test_the_typed_settings_are_built_once_and_a_plugin_imported_once_per_proces
         *_flags(tmp_path, _rows(tmp_path, GOOD)),
         "--plugin",
         str(plugin),
-        "--remedy",
-        "avspo",
-        "--avspo.alpha",
-        "0.3",
+        *"--remedy avspo --avspo.alpha 0.3".split(),
     ]
     args = run(flags, dry_run=True)
     first = settings(args)
@@ -479,15 +476,7 @@ def test_check_config_only_reads_the_args(tmp_path, backend):
     from avspo_openrlhf.cli.train import _to_dict, check_config
     from avspo_openrlhf.trainer.run_settings import settings
 
-    flags = [
-        *_flags(tmp_path, _rows(tmp_path, GOOD)),
-        "--remedy",
-        "avspo",
-        "--avspo.alpha",
-        "0.3",
-        "--backend",
-        backend,
-    ]
+    flags = [*_flags(tmp_path, _rows(tmp_path, GOOD)), *f"--remedy avspo --avspo.alpha 0.3 --backend {backend}".split()]
     args = run(flags, dry_run=True)
     built = settings(args)
     assert vars(args.avspo)["alpha"] == 0.3 and "strategy" in vars(args.avspo)  # every option, written once

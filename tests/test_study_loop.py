@@ -151,20 +151,10 @@ def test_dapo_ds_counts_the_refill_generation(assets, tmp_path, monkeypatch):
 def _start(spec_: RunSpec, run_dir: Path, env: dict) -> subprocess.Popen:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "request.json").write_text(spec_.to_json())
+    cmd = [sys.executable, "-m", "avspo_openrlhf.study.loop", str(run_dir / "request.json"), str(run_dir)]
+    env = {**os.environ, **ENV, **env}
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "avspo_openrlhf.study.loop",
-            str(run_dir / "request.json"),
-            str(run_dir),
-            "--threads",
-            "1",
-        ],
-        env={**os.environ, **ENV, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [*cmd, "--threads", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
@@ -443,13 +433,8 @@ def test_the_slurm_array_script_runs_its_share(tmp_path):
         "AVSPO_PYTHON": sys.executable,
     }
     env.pop("SLURM_JOB_ID", None)
-    r = subprocess.run(
-        ["bash", str(REPO / "launch_scripts" / "slurm" / "remedies_study.sbatch"), "--dry-run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    script = str(REPO / "launch_scripts" / "slurm" / "remedies_study.sbatch")
+    r = subprocess.run(["bash", script, "--dry-run"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "20 runs to start (shard 2/8, 0 finished): sign seed 0, GRPO seed 2, " in r.stdout
 

@@ -676,7 +676,7 @@ def training_attention_mask(attn: torch.Tensor, implementation: str = "sdpa") ->
     padded keys masked, and a query row that would see no key (a left-padding position) sees every key.
 
     Why: with the 2D mask, each left-padding position attends to nothing. The forward of CUDA's SDPA
-    kernels returns 0 there, but the backward of some of them returns NaN, and 0 x NaN reaches every
+    kernels stays finite there, but the backward of some of them gives NaN, and 0 x NaN reaches every
     parameter. The first GPU pilot's GRPO seed 0 stopped so at step 35 on an H200 (bf16 autocast): the
     forward and the fp32 recomputation were finite, and only the rows with left padding gave non-finite
     gradients, whatever their advantage (PyTorch issues 103749, 110213). A padding row's output is never read (its key is masked for every other
