@@ -940,26 +940,31 @@ class GPURemediesStudy:
             shutil.rmtree(folder, ignore_errors=True)
             return [Job(self.spec(self.base, s, model, data, short), folder / f"{self.base}_seed{s}") for s in range(k)]
 
-        rows = measure_throughput(make_jobs, ks, settings.token_budget, engine=settings.engine)
-        one = next(r for r in rows if r["k"] == 1)["tokens_per_s"]
-        lines = [
-            f"Device: {rows[0]['device']}; precision {json.dumps(rows[0]['precision'])}; engine {settings.engine}; "
-            f"each run GRPO on the "
-            f"study's settings, {args.throughput_budget:,} generated tokens, no evaluation; × one run = aggregate "
-            f"generated tokens/s over those of one run alone (K = 1); runs/hour = aggregate generated tokens/s "
-            f"x 3600 / the study's budget ({settings.token_budget:,}), training only.",
-            "",
-            "| runs at once (K) | wall (s) | generated tokens/s | × one run | median step (s) | runs/hour |",
-            "| --- | --- | --- | --- | --- | --- |",
-        ]
-        lines += [
-            f"| {r['k']} | {r['wall_s']:.0f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / one:.2f} | "
-            f"{r['median_step_s']:.2f} | {r['runs_per_hour']:.1f} |"
-            for r in rows
-        ]
-        dest = published or out
-        dest.mkdir(parents=True, exist_ok=True)
-        atomic_write(dest / "throughput.md", "\n".join(lines) + "\n")
-        atomic_write(dest / "throughput.json", json.dumps(rows, indent=1))
+        def write(rows: list[dict]) -> list[str]:
+            one = next(r for r in rows if r["k"] == 1)["tokens_per_s"]
+            lines = [
+                f"Device: {rows[0]['device']}; precision {json.dumps(rows[0]['precision'])}; engine "
+                f"{settings.engine}; each run GRPO on the study's settings, {args.throughput_budget:,} generated "
+                "tokens, no evaluation; × one run = aggregate generated tokens/s over those of one run alone "
+                "(K = 1); runs/hour = aggregate generated tokens/s x 3600 / the study's budget "
+                f"({settings.token_budget:,}), training only.",
+                "",
+                "| runs at once (K) | wall (s) | generated tokens/s | × one run | median step (s) | runs/hour |",
+                "| --- | --- | --- | --- | --- | --- |",
+            ]
+            lines += [
+                f"| {r['k']} | {r['wall_s']:.0f} | {r['tokens_per_s']:.0f} | {r['tokens_per_s'] / one:.2f} | "
+                f"{r['median_step_s']:.2f} | {r['runs_per_hour']:.1f} |"
+                for r in rows
+            ]
+            dest = published or out
+            dest.mkdir(parents=True, exist_ok=True)
+            atomic_write(dest / "throughput.md", "\n".join(lines) + "\n")
+            atomic_write(dest / "throughput.json", json.dumps(rows, indent=1))
+            return lines
+
+        # K = 1 first (the sorted Ks start with it), so every table written has its "× one run"
+        rows = measure_throughput(make_jobs, ks, settings.token_budget, engine=settings.engine, on_row=write)
+        lines = write(rows)
         print("\n".join(lines), flush=True)
         return 0

@@ -196,11 +196,13 @@ def measure_throughput(
     full_budget: int,
     log: Callable[[str], None] = print,
     engine: str = "process",
+    on_row: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """For each K in ``ks``: K training-only runs at once (``make_jobs(K)``, fresh folders), the wall
     time from the first start to the last end and the generated tokens of all of them. A run of the
     study stops at a token budget, so aggregate tokens per second is the unit of throughput; runs per
-    hour is that over ``full_budget`` (training only: the held-out evaluation is extra)."""
+    hour is that over ``full_budget`` (training only: the held-out evaluation is extra). ``on_row``
+    gets the rows so far after each K, so a call stopped at a time limit keeps the Ks it measured."""
     rows = []
     for k in ks:
         jobs = make_jobs(k)
@@ -227,4 +229,6 @@ def measure_throughput(
             }
         )
         log(f"[throughput] K={k}: {tokens / wall:.0f} generated tokens/s, {rows[-1]['runs_per_hour']:.1f} runs/hour")
+        if on_row is not None:
+            on_row(rows)
     return rows
