@@ -16,8 +16,8 @@ import pytest
 from avspo_openrlhf.data.io import read_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.stats import sign_flip_p, t_quantile
-from avspo_openrlhf.study import remedies
-from avspo_openrlhf.study.compare import compare, pooled_compare
+from avspo_openrlhf.study import remedies, remedies_gpu, tables
+from avspo_openrlhf.study.compare import paired, pooled_compare
 from avspo_openrlhf.study.remedies import RemediesStudy
 from avspo_openrlhf.study.tables import cpu_line
 
@@ -78,12 +78,12 @@ def test_differences_use_the_problems_every_paired_run_holds(study):
     # seed 0: both runs evaluated on 8 problems; seed 1: GRPO on the first 4 only
     grpo = [_run("GRPO", 0, [0, 0, 0, 0, 1, 1, 1, 1]), _run("GRPO", 1, [0, 0, 1, 1])]
     avspo = [_run("AVSPO", 0, [1, 1, 0, 0, 0, 0, 0, 0]), _run("AVSPO", 1, [1, 1, 1, 1, 0, 0, 0, 0])]
-    c = compare(grpo + avspo, "AVSPO", "GRPO")
+    c = paired(grpo + avspo, "AVSPO", "GRPO", study.level)
     # over problems 0-3: seed 0 +0.5, seed 1 +0.5 (not -0.5 and 0.0 from the runs' own means)
-    assert c["seeds"] == 2 and c["diff"] == pytest.approx(0.5)
+    assert c["seeds"] == 2 and c["diff"] == pytest.approx(0.5) and c["sd"] == 0.0
     assert c["p_sign_flip"] == pytest.approx(0.5)  # 2 of the 4 sign flips reach |sum| = 1
-    assert c["ci95"][0] <= 0.5 <= c["ci95"][1]
-    assert compare(grpo + avspo, "GRPO", "GRPO") is None
+    assert c["ci95"] == pytest.approx([0.5, 0.5])
+    assert paired(grpo + avspo, "GRPO", "GRPO", study.level) is None
     assert sign_flip_p([0.1, 0.2, 0.3]) == pytest.approx(0.25)
     assert sign_flip_p([0.1, -0.1]) == pytest.approx(1.0)
 
@@ -271,6 +271,36 @@ def test_per_level_differences_use_only_that_levels_problems(study):
     cells = row.strip("| ").split(" | ")
     assert cells[0] == "AVSPO" and all(c.startswith("+0.0 [+0.0, +0.0]") for c in cells[1:4])
     assert cells[4].startswith("+37.5 [")  # (0.5 + 0.25 + 0.75 + 0) / 4
+
+
+def test_the_cpu_and_gpu_studies_compare_runs_with_one_function(study):
+    """The same per-problem accuracies under the CPU study's ids (``arith/<seed>/<k>``, levels cycling)
+    and the GPU study's (``heldout/<level>/<k>``) give one comparison, overall and per level, and
+    each level weighs the same in both: a level holding fewer problems is not outweighed."""
+    levels = study.levels
+    keep_ids = [0, 4, 8, 1, 2, 3, 7]  # add1: 3 problems, mul1 1, add2 1, multi 2
+    values = {"GRPO": [[0.5] * 7, [0.25] * 7, [0.75] * 7], "AVSPO": [[1, 1, 1, 0.5, 0.5, 0, 0.25], [0.5] * 7, [1.0] * 7]}
+
+    def runs(uid) -> list[dict]:
+        out = []
+        for m, per_seed in values.items():
+            for seed, vals in enumerate(per_seed):
+                per = {uid(k): v for k, v in zip(keep_ids, vals)}
+                out.append({"method": m, "seed": seed, "per_problem": per, "heldout_pass1": sum(vals) / len(vals)})
+        return out
+
+    cpu = runs(lambda k: f"arith/1000/{k}")
+    gpu = runs(lambda k: f"heldout/{levels[k % len(levels)]}/{k}")
+    c_cpu, c_gpu = paired(cpu, "AVSPO", "GRPO", study.level), remedies_gpu.paired_t(gpu, "AVSPO", "GRPO")
+    assert c_cpu == c_gpu
+    # seed 0: add1 +0.5, mul1 0, add2 0, multi (-0.5 - 0.25) / 2: +0.03125 over levels (+0.0714 over problems)
+    assert c_cpu["seed_list"] == [0, 1, 2] and c_cpu["diff"] == pytest.approx((0.03125 + 0.25 + 0.25) / 3)
+    cpu_row = study.level_compare_table(cpu, ["GRPO", "AVSPO"])[-1]
+    gpu_cells = [
+        tables.fmt_t(remedies_gpu.paired_t(gpu, "AVSPO", "GRPO", lambda k, lv=lv: remedies_gpu.level_of(k) == lv))
+        for lv in levels
+    ]
+    assert cpu_row == "| AVSPO | " + " | ".join(gpu_cells) + " |"
 
 
 def test_the_cpu_line_names_the_machines_the_runs_ran_on(study):

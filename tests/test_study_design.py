@@ -434,7 +434,8 @@ def test_a_partial_study_has_the_banner_and_a_holm_family_of_four(tmp_path):
 
 
 def test_probability_of_improvement_and_p_formatting():
-    from avspo_openrlhf.study.remedies_gpu import fmt_p, probability_of_improvement
+    from avspo_openrlhf.study.remedies_gpu import probability_of_improvement
+    from avspo_openrlhf.study.tables import fmt_p
 
     better = probability_of_improvement([[0.9], [0.8], [0.85]], [[0.1], [0.2], [0.15]])
     assert better["poi"] == 1.0 and better["ci95"] == [1.0, 1.0]

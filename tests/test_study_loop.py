@@ -21,7 +21,8 @@ from helpers import small_study
 from avspo_openrlhf import stats
 from avspo_openrlhf.study import loop
 from avspo_openrlhf.study.loop import Arm, RunSpec, StudySettings
-from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, paired_t, per_seed_diffs, seeds_for_halfwidth
+from avspo_openrlhf.study.compare import per_seed_diffs
+from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, level_of, paired_t, seeds_for_halfwidth
 from avspo_openrlhf.study.scheduler import Job, run_jobs
 
 pytest.importorskip("transformers")
@@ -318,7 +319,7 @@ def test_each_level_weighs_the_same_in_the_paired_difference():
     ids = ["heldout/add1/0", "heldout/mul1/0", "heldout/mul1/1", "heldout/mul1/2"]
     a = [_fake_run("AVSPO", s, {"heldout/add1/0": 1.0, **{i: 0.0 for i in ids[1:]}}) for s in range(2)]
     b = [_fake_run("GRPO", s, {i: 0.0 for i in ids}) for s in range(2)]
-    assert per_seed_diffs(a + b, "AVSPO", "GRPO") == {0: 0.5, 1: 0.5}  # not 0.25, the mean over problems
+    assert per_seed_diffs(a + b, "AVSPO", "GRPO", level_of) == {0: 0.5, 1: 0.5}  # not 0.25, the mean over problems
     assert a[0]["heldout_pass1"] == 0.5
 
 

@@ -1,46 +1,65 @@
-"""Paired comparisons between two methods over a study's runs (each run a dict with ``method``,
-``seed`` and its held-out ``per_problem`` accuracies), with ``avspo_openrlhf.stats``."""
+"""The remedies studies' one paired comparison between two methods, the CPU study's
+(``study/remedies.py``) and the GPU study's (``study/remedies_gpu.py``) alike: each run a dict with
+``method``, ``seed``, ``heldout_pass1`` and its held-out ``per_problem`` accuracies; the statistics
+are ``avspo_openrlhf.stats``'s (scipy's t quantile, the exact sign-flip test)."""
 
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Callable
 
 from avspo_openrlhf import stats
 
 
-def paired_diffs(a: list[dict], b: list[dict]) -> np.ndarray:
-    """Per-problem differences a - b, one row per seed both hold, over the held-out problems every
-    one of those runs holds (runs evaluated on a subset pair with the rest on that subset)."""
-    by_seed_b = {r["seed"]: r for r in b}
-    pairs = [(r, by_seed_b[r["seed"]]) for r in a if r["seed"] in by_seed_b]
-    if not pairs:
-        return np.zeros((0, 0))
-    ids = sorted(set.intersection(*(set(ra["per_problem"]) & set(rb["per_problem"]) for ra, rb in pairs)))
-    return np.array([[ra["per_problem"][i] - rb["per_problem"][i] for i in ids] for ra, rb in pairs])
+def per_seed_diffs(
+    results: list[dict], method: str, base: str, level: Callable[[str], str], keep: Callable[[str], bool] | None = None
+) -> dict[int, float]:
+    """``method`` - ``base`` per seed both hold: the mean over levels (``level(unique_id)``) of the
+    mean per-problem difference within each level, so each level weighs the same, as in the runs'
+    held-out pass@1. Every seed's difference is over the same problems: those every run of the
+    comparison holds (a run evaluated on a subset pairs with the rest on that subset), restricted
+    by ``keep(unique_id)``."""
+    a = {r["seed"]: r for r in results if r["method"] == method}
+    b = {r["seed"]: r for r in results if r["method"] == base}
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return {}
+    ids = set.intersection(*(set(a[s]["per_problem"]) & set(b[s]["per_problem"]) for s in seeds))
+    ids = sorted(i for i in ids if keep is None or keep(i))
+    if not ids:
+        return {}
+    out = {}
+    for s in seeds:
+        pa, pb = a[s]["per_problem"], b[s]["per_problem"]
+        levels: dict[str, list[float]] = {}
+        for uid in ids:
+            levels.setdefault(level(uid), []).append(pa[uid] - pb[uid])
+        out[s] = sum(sum(v) / len(v) for v in levels.values()) / len(levels)
+    return out
 
 
-def paired_bootstrap(a: list[dict], b: list[dict], n_boot: int = 10_000, seed: int = 0) -> tuple[float, ...]:
-    """Mean accuracy difference a - b over the seeds both hold, with a 95 % interval and a two-sided
-    p-value from a bootstrap that resamples seeds and, within each, held-out problems (paired: the
-    same problems and seed for both methods)."""
-    return stats.bootstrap_mean(paired_diffs(a, b), np.random.default_rng(seed), n_boot)
-
-
-def compare(results: list[dict], method: str, base: str) -> dict | None:
-    """``method`` - ``base`` paired by seed: mean, bootstrap interval and p, exact sign-flip p over
-    the seeds' mean differences; None for a method against itself or without a common seed."""
-    a = [r for r in results if r["method"] == method]
-    b = [r for r in results if r["method"] == base]
-    diffs = [float(x) for x in paired_diffs(a, b).mean(axis=1)] if a and b else []
-    if method == base or not diffs:
+def paired(
+    results: list[dict], method: str, base: str, level: Callable[[str], str], keep: Callable[[str], bool] | None = None
+) -> dict | None:
+    """``method`` - ``base`` paired by seed (:func:`per_seed_diffs`): mean, sd, 95 % t interval over
+    the seeds, exact sign-flip p, and the between-arm correlation of the seeds' held-out accuracies
+    (common random numbers make it positive; None with ``keep``, which restricts the problems); None
+    for a method against itself or below two common seeds."""
+    d = per_seed_diffs(results, method, base, level, keep)
+    if method == base or len(d) < 2:
         return None
-    mean, lo, hi, p_boot = paired_bootstrap(a, b)
+    per_seed = list(d.values())
+    mean, sd, lo, hi = stats.t_interval(per_seed)
+    acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
+    r = stats.pearson([acc[method, s] for s in d], [acc[base, s] for s in d]) if keep is None else {"r": None}
     return {
-        "seeds": len(diffs),
+        "seeds": len(per_seed),
         "diff": mean,
+        "sd": sd,
         "ci95": [lo, hi],
-        "p_bootstrap": p_boot,
-        "p_sign_flip": stats.sign_flip_p(diffs),
+        "halfwidth": (hi - lo) / 2,
+        "p_sign_flip": stats.sign_flip_p(per_seed),
+        "seed_list": list(d),
+        "correlation": r["r"],
     }
 
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.stats import t_halfwidth
 from avspo_openrlhf.study import acr, cells, tables
-from avspo_openrlhf.study.compare import compare, pooled_compare
-from avspo_openrlhf.study.tables import cpu_line, fmt_compare, mean_sd, pack_per_problem, precisions, unpack_per_problem
+from avspo_openrlhf.study.compare import paired, pooled_compare
+from avspo_openrlhf.study.tables import cpu_line, fmt_t, mean_sd, pack_per_problem, precisions, unpack_per_problem
 
 
 def restore_published(out: Path, published: Path) -> list[str]:
@@ -309,28 +309,21 @@ class RemediesStudy:
         ]
 
     def level_compare_table(self, results: list[dict], methods: list[str], base: str = "GRPO") -> list[str]:
-        """Paired differences against ``base`` level by level (the same bootstrap as the main table, on
-        one level's problems): which levels a method's overall difference comes from."""
-
-        def at(lv: str) -> list[dict]:
-            return [
-                {**r, "per_problem": {k: v for k, v in r["per_problem"].items() if self.level(k) == lv}}
-                for r in results
-                if r.get("per_problem")
-            ]
-
-        by_level = {lv: at(lv) for lv in self.levels}
+        """Paired differences against ``base`` level by level (the main table's comparison on one
+        level's problems): which levels a method's overall difference comes from."""
+        with_records = [r for r in results if r.get("per_problem")]
         rows = []
         for m in methods:
-            cmp = [compare(by_level[lv], m, base) for lv in self.levels]
+            cmp = [
+                paired(with_records, m, base, self.level, lambda k, lv=lv: self.level(k) == lv) for lv in self.levels
+            ]
             if any(cmp):
-                rows.append(f"| {m} | " + " | ".join(fmt_compare(c) for c in cmp) + " |")
+                rows.append(f"| {m} | " + " | ".join(fmt_t(c) for c in cmp) + " |")
         if not rows:
             return []
         return [
             "",
-            f"Per level against {base} (points; mean [95 % bootstrap interval], p = bootstrap / exact "
-            "sign-flip (seeds)):",
+            f"Per level against {base} (points; mean [95 % t interval over seeds], p = exact sign-flip (seeds)):",
             "",
             "| method | " + " | ".join(self.levels) + " |",
             "| --- |" + " --- |" * len(self.levels),
@@ -453,8 +446,8 @@ class RemediesStudy:
             f"prompts, G={s['group_size']}, {s['prompts_per_step']} prompts/step, T={s['temperature']}, "
             f"{s['max_new_tokens']} new tokens, lr {lr}, async, {s['dtype']}; every run stops at the step where its "
             f"generated tokens reach {budget:,}. {self.heldout_line(results, before)} "
-            f"{tables.SD_NOTE}. Differences are paired (same seeds, same problems): mean "
-            "[95 % bootstrap interval over seeds and problems], p = bootstrap / exact sign-flip over seeds (seeds).",
+            f"{tables.SD_NOTE}. Differences are paired (same seeds, same problems, each level weighing the same): "
+            "mean [95 % t interval over seeds], p = exact sign-flip over seeds (seeds).",
             "",
             "| method | seeds (target) | held-out pass@1 (%) | "
             + "".join(f"vs {b} (points) | " for b in self.baselines)
@@ -465,7 +458,7 @@ class RemediesStudy:
         summary = {}
         for m in methods:
             rs = [r for r in results if r["method"] == m]
-            cmp = {base: compare(results, m, base) for base in self.baselines}
+            cmp = {base: paired(results, m, base, self.level) for base in self.baselines}
             summary[m] = {
                 "seeds": sorted(r["seed"] for r in rs),
                 "heldout_pass1": [r["heldout_pass1"] for r in rs],
@@ -474,7 +467,7 @@ class RemediesStudy:
             }
             lines.append(
                 f"| {m} | {len(rs)} ({self.min_seeds[m]}) | {mean_sd([r['heldout_pass1'] for r in rs], 100)} | "
-                + "".join(f"{fmt_compare(cmp[b])} | " for b in self.baselines)
+                + "".join(f"{fmt_t(cmp[b])} | " for b in self.baselines)
                 + f"{mean_sd([r['steps'] for r in rs], 1, '{:.1f}')} | "
                 f"{mean_sd([r['generated_tokens'] for r in rs], 1, '{:.0f}')} | "
                 f"{mean_sd([r['generated_per_trained'] for r in rs], 1, '{:.2f}')} | "

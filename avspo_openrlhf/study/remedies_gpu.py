@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from avspo_openrlhf import stats
-from avspo_openrlhf.study import tables
+from avspo_openrlhf.study import compare, tables
 from avspo_openrlhf.study.loop import (
     Arm,
     RunSpec,
@@ -96,19 +96,6 @@ def holm(p: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in zip(names, adjusted)}
 
 
-def fmt_p(p: float | None) -> str:
-    if p is None or (isinstance(p, float) and math.isnan(p)):
-        return "-"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
-
-
-def fmt_t(c: dict | None) -> str:
-    """A :func:`paired_t` comparison in points: mean [95 % t interval], p = exact sign-flip (seeds)."""
-    if c is None:
-        return "-"
-    return f"{tables.fmt_interval((c['diff'], *c['ci95']))}, p {fmt_p(c['p_sign_flip'])} ({c['seeds']})"
-
-
 def probability_of_improvement(x, y, seed: int = 0, n_boot: int = 2000) -> dict | None:
     """P(X > Y) of Agarwal et al. (2021): per level, the Mann-Whitney U of the runs' accuracies over
     n_x n_y (scipy.stats.mannwhitneyu), averaged over the levels; with a 95 % percentile interval
@@ -165,45 +152,10 @@ def level_of(unique_id: str) -> str:
     return parts[-2] if len(parts) >= 3 else ""
 
 
-def per_seed_diffs(results: list[dict], method: str, base: str, keep=None) -> dict[int, float]:
-    """``method`` - ``base`` per seed both hold: the mean over levels of the mean per-problem
-    difference within each level (each level weighs the same, as in the runs' held-out pass@1),
-    over the problems both runs hold (``keep(unique_id)`` restricts them)."""
-    a = {r["seed"]: r for r in results if r["method"] == method}
-    b = {r["seed"]: r for r in results if r["method"] == base}
-    out = {}
-    for seed in sorted(set(a) & set(b)):
-        pa, pb = a[seed]["per_problem"], b[seed]["per_problem"]
-        levels: dict[str, list[float]] = {}
-        for uid in pa.keys() & pb.keys():
-            if keep is None or keep(uid):
-                levels.setdefault(level_of(uid), []).append(pa[uid] - pb[uid])
-        if levels:
-            out[seed] = sum(sum(v) / len(v) for v in levels.values()) / len(levels)
-    return out
-
-
 def paired_t(results: list[dict], method: str, base: str, keep=None) -> dict | None:
-    """``method`` - ``base`` paired by seed (:func:`per_seed_diffs`): mean, sd, 95 % t interval over
-    the seeds, exact sign-flip p, and the between-arm correlation of the seeds' accuracies (common
-    random numbers make it positive); None for a method against itself or below two common seeds."""
-    d = per_seed_diffs(results, method, base, keep)
-    if method == base or len(d) < 2:
-        return None
-    per_seed = list(d.values())
-    mean, sd, lo, hi = stats.t_interval(per_seed)
-    acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
-    r = stats.pearson([acc[method, s] for s in d], [acc[base, s] for s in d]) if keep is None else {"r": None}
-    return {
-        "seeds": len(per_seed),
-        "diff": mean,
-        "sd": sd,
-        "ci95": [lo, hi],
-        "halfwidth": (hi - lo) / 2,
-        "p_sign_flip": stats.sign_flip_p(per_seed),
-        "seed_list": list(d),
-        "correlation": r["r"],
-    }
+    """``method`` - ``base`` paired by seed, each level weighing the same (``compare.paired``, the CPU
+    study's comparison too)."""
+    return compare.paired(results, method, base, level_of, keep)
 
 
 def tokens_to_target(r: dict, target: float) -> float:
@@ -550,7 +502,7 @@ class GPURemediesStudy:
             r = "-" if c is None or c["correlation"] is None else f"{c['correlation']:+.2f}"
             lines.append(
                 f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1_paired'], 100)} | "
-                f"{fmt_t(c)} | {fmt_p(decision['holm'].get(arm)) if arm != b else '-'} | {poi_s} | {r} | "
+                f"{tables.fmt_t(c)} | {tables.fmt_p(decision['holm'].get(arm)) if arm != b else '-'} | {poi_s} | {r} | "
                 f"{decision['verdicts'].get(arm, '-')} |"
             )
         lines += [
@@ -564,8 +516,8 @@ class GPURemediesStudy:
         for arm, a in summary.items():
             lines.append(
                 f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1'], 100)} | "
-                f"{fmt_t(a['vs_' + b]) if arm not in self.primary else 'above'} | "
-                f"{fmt_t(a['vs_' + self.second_base])} |"
+                f"{tables.fmt_t(a['vs_' + b]) if arm not in self.primary else 'above'} | "
+                f"{tables.fmt_t(a['vs_' + self.second_base])} |"
             )
         budget = record["settings"]["token_budget"]
         lines += [
@@ -591,7 +543,7 @@ class GPURemediesStudy:
                 f"{tables.mean_sd(a['train_min'], 1, '{:.1f}')} |"
             )
         level_rows = [
-            f"| {arm} | " + " | ".join(fmt_t(a["by_level_vs_" + b][lv]) for lv in self.levels) + " |"
+            f"| {arm} | " + " | ".join(tables.fmt_t(a["by_level_vs_" + b][lv]) for lv in self.levels) + " |"
             for arm, a in summary.items()
             if any(a["by_level_vs_" + b].values())
         ]

@@ -4,6 +4,7 @@ stated in the header of every table that uses it (``SD_NOTE``)."""
 from __future__ import annotations
 
 import collections
+import math
 import json
 import statistics
 
@@ -28,12 +29,18 @@ def fmt_interval(g) -> str:
     return f"{100 * g[0]:+.1f} [{100 * g[1]:+.1f}, {100 * g[2]:+.1f}]"
 
 
-def fmt_compare(c: dict | None) -> str:
-    """A paired comparison (``compare.compare``) in points: mean [95 % interval], p = bootstrap /
-    exact sign-flip (seeds)."""
+def fmt_p(p: float | None) -> str:
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "-"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def fmt_t(c: dict | None) -> str:
+    """A paired comparison (``compare.paired``) in points: mean [95 % t interval], p = exact sign-flip
+    (seeds)."""
     if c is None:
         return "-"
-    return f"{fmt_interval((c['diff'], *c['ci95']))}, p={c['p_bootstrap']:.3f} / {c['p_sign_flip']:.3f} ({c['seeds']})"
+    return f"{fmt_interval((c['diff'], *c['ci95']))}, p {fmt_p(c['p_sign_flip'])} ({c['seeds']})"
 
 
 def cpu_line(results: list[dict]) -> str:
