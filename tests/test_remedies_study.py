@@ -4,6 +4,7 @@ different problem sets, the report and its resumption from the published results
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.stats import sign_flip_p, t_quantile
 from avspo_openrlhf.study import remedies, remedies_gpu, tables
 from avspo_openrlhf.study.compare import paired, pooled_compare
+from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.remedies import RemediesStudy
 from avspo_openrlhf.study.tables import cpu_line
 
@@ -32,7 +34,7 @@ def study():
         levels=("add1", "mul1", "add2", "multi"), train_prompts=32, heldout=300, heldout_extra=900, token_budget=16_000,
         settings={"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 32, "temperature": 0.7, "lr": 1e-5,
                   "dtype": "fp32", "eval_n": 4},
-        methods={"GRPO": [], "AVSPO": ["--remedy", "avspo"], "DAPO-DS": ["--dynamic.std_filter"], "NGRPO": ["--remedy", "ngrpo"]},
+        methods={"GRPO": Arm("grpo"), "AVSPO": Arm("avspo"), "DAPO-DS": Arm("grpo", dynamic=True), "NGRPO": Arm("ngrpo")},
         min_seeds={"GRPO": 5, "AVSPO": 5, "DAPO-DS": 5, "NGRPO": 5}, baselines=("GRPO", "DAPO-DS"),
     )  # fmt: skip
 
@@ -279,7 +281,10 @@ def test_the_cpu_and_gpu_studies_compare_runs_with_one_function(study):
     each level weighs the same in both: a level holding fewer problems is not outweighed."""
     levels = study.levels
     keep_ids = [0, 4, 8, 1, 2, 3, 7]  # add1: 3 problems, mul1 1, add2 1, multi 2
-    values = {"GRPO": [[0.5] * 7, [0.25] * 7, [0.75] * 7], "AVSPO": [[1, 1, 1, 0.5, 0.5, 0, 0.25], [0.5] * 7, [1.0] * 7]}
+    values = {
+        "GRPO": [[0.5] * 7, [0.25] * 7, [0.75] * 7],
+        "AVSPO": [[1, 1, 1, 0.5, 0.5, 0, 0.25], [0.5] * 7, [1.0] * 7],
+    }
 
     def runs(uid) -> list[dict]:
         out = []
@@ -301,6 +306,37 @@ def test_the_cpu_and_gpu_studies_compare_runs_with_one_function(study):
         for lv in levels
     ]
     assert cpu_row == "| AVSPO | " + " | ".join(gpu_cells) + " |"
+
+
+def test_the_cpu_study_speaks_the_gpu_studys_arm_language():
+    """The published CPU study's methods are :class:`Arm` s, as the GPU study's; ``arm_flags`` gives the
+    avspo-train flags it ran with, and an arm only the study loop can run is refused when the study
+    is built, naming the arm and the field."""
+    sys.path.insert(0, str(ROOT / "experiments" / "remedies"))
+    try:
+        import run as published
+    finally:
+        sys.path.pop(0)
+        sys.modules.pop("run", None)
+    flags = {
+        m: remedies.arm_flags(m, a) + published.STUDY.extra_flags.get(m, []) for m, a in published.STUDY.methods.items()
+    }
+    avspo = ["--remedy", "avspo", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-09"]
+    assert flags == {
+        "GRPO": [],
+        "AVSPO": avspo,
+        "DAPO-DS": ["--dynamic.std_filter"],
+        "NGRPO": ["--remedy", "ngrpo", "--actor.eps_clip_low_high", "0.16", "0.24"],
+        "GRESO": ["--greso.enable", "--greso.audit", "0.1", "--dynamic.std_filter"],
+        "GRESO+AVSPO": [*avspo, "--greso.enable", "--greso.audit", "0.1"],
+        "RL-ZVP": ["--remedy", "rl_zvp"],
+    }
+    assert remedies.arm_flags("x", Arm("avspo", {"strategy": "random_uniform", "seed": 3})) == [
+        "--remedy", "avspo", "--avspo.strategy", "random_uniform", "--avspo.seed", "3"
+    ]  # fmt: skip
+    for arm, field_ in ((Arm("grpo", control="random_sign"), "control"), (Arm("grpo", reward="format"), "reward")):
+        with pytest.raises(ValueError, match=rf"arm 'bad': Arm\.{field_} is the study loop's"):
+            dataclasses.replace(published.STUDY, methods={"GRPO": Arm("grpo"), "bad": arm})
 
 
 def test_the_cpu_line_names_the_machines_the_runs_ran_on(study):

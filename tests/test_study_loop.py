@@ -20,8 +20,8 @@ from helpers import small_study
 
 from avspo_openrlhf import stats
 from avspo_openrlhf.study import loop
-from avspo_openrlhf.study.loop import Arm, RunSpec, StudySettings
 from avspo_openrlhf.study.compare import per_seed_diffs
+from avspo_openrlhf.study.loop import Arm, RunSpec, StudySettings, check_loop_arm
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, level_of, paired_t, seeds_for_halfwidth
 from avspo_openrlhf.study.scheduler import Job, run_jobs
 
@@ -231,7 +231,7 @@ def test_a_failing_run_is_reported_and_the_others_finish(assets, tmp_path):
         (lambda: Arm("avspo", {"alpha": -1}), "alpha"),
         (lambda: Arm("avspo", {"alfa": 0.5}), "alfa"),
         (lambda: Arm("grpo", reward="coin"), "Arm.reward"),
-        (lambda: Arm("grpo", greso={"audit": 0.1}), "Arm.greso.audit"),
+        (lambda: check_loop_arm(Arm("grpo", greso={"audit": 0.1})), "Arm.greso.audit"),
         (lambda: StudySettings(group_size=1), "StudySettings.group_size"),
         (lambda: StudySettings(token_budget=0), "StudySettings.token_budget"),
         (lambda: StudySettings(dtype="fp16"), "StudySettings.dtype"),

@@ -137,15 +137,19 @@ class Arm:
         )
         self.estimator_config()  # refuses a wrong option now, not at the run's first step
         if self.greso is not None:
-            _require(
-                float(self.greso.get("audit", 0.0)) == 0.0,
-                "Arm.greso.audit: the study loop does not roll out audits (their tokens would be charged to "
-                "the budget); use 0",
-            )
             typed(GRESOConfig, self.greso, "greso", STUDY_NAMES)
 
     def estimator_config(self):
         return build_configs(self.estimator, options=self.options, names=STUDY_NAMES).config
+
+
+def check_loop_arm(arm: Arm) -> None:
+    """Refuse, naming the field, what an :class:`Arm` may say (the CPU study's ``avspo-train`` backend
+    runs it) that this loop cannot run."""
+    _require(
+        arm.greso is None or float(arm.greso.get("audit", 0.0)) == 0.0,
+        "Arm.greso.audit: the study loop does not roll out audits (their tokens would be charged to the budget); use 0",
+    )
 
 
 @dataclass(frozen=True)
@@ -239,6 +243,7 @@ class RunSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "plugins", tuple(self.plugins))
+        check_loop_arm(self.arm)
         if self.arm.reward == "format":
             try:
                 format_reward(self.settings.reward)

@@ -25,14 +25,50 @@ import math
 import os
 import shutil
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.stats import t_halfwidth
 from avspo_openrlhf.study import acr, cells, tables
 from avspo_openrlhf.study.compare import paired, pooled_compare
+from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.tables import cpu_line, fmt_t, mean_sd, pack_per_problem, precisions, unpack_per_problem
+
+
+def _option_flags(group: str, options: dict) -> list[str]:
+    """``--GROUP.KEY VALUE`` per option (a true bool is the bare flag, a false one none; a pair, two values)."""
+    out: list[str] = []
+    for key, value in options.items():
+        if value is True:
+            out.append(f"--{group}.{key}")
+        elif value is not False:
+            out += [f"--{group}.{key}", *(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))]
+    return out
+
+
+def arm_flags(name: str, arm: Arm) -> list[str]:
+    """An :class:`Arm`, the GPU study's language for a method, as the ``avspo-train`` flags this
+    study's runs take: ``--remedy`` and its ``--NAME.*`` options, ``--dynamic.std_filter`` for DAPO
+    dynamic sampling, ``--greso.enable`` and its ``--greso.*`` options. The study loop's controls
+    (a coin or format reward, the random-sign control) and a per-arm learning rate have no
+    ``avspo-train`` flag: refused, naming the arm and the field."""
+    for field_, set_ in (
+        ("reward", arm.reward != "task"),
+        ("control", arm.control is not None),
+        ("lr", arm.lr is not None),
+    ):
+        if set_:
+            raise ValueError(
+                f"arm {name!r}: Arm.{field_} is the study loop's (experiments/remedies_gpu); avspo-train has no flag for it"
+            )
+    flags = [] if arm.estimator == "grpo" else ["--remedy", arm.estimator]
+    flags += _option_flags(arm.estimator, arm.options)
+    if arm.greso is not None:
+        flags += ["--greso.enable", *_option_flags("greso", arm.greso)]
+    if arm.dynamic:
+        flags.append("--dynamic.std_filter")
+    return flags
 
 
 def restore_published(out: Path, published: Path) -> list[str]:
@@ -122,12 +158,19 @@ class RemediesStudy:
     heldout_extra: int  # its extension: the same seeded stream continued
     settings: dict  # quickstart options of every run (the keys of ``quickstart.build_parser``)
     token_budget: int  # generated tokens per run
-    methods: dict[str, list[str]]  # name: its avspo-train flags
+    methods: dict[str, Arm]  # name: what it changes (the GPU study's arms; ``arm_flags`` makes its flags)
     min_seeds: dict[str, int]  # seeds each method gets
     baselines: tuple[str, ...]  # the methods every other one is compared with
+    # name: avspo-train flags beyond its arm, for settings the study loop has no counterpart of
+    # (NGRPO's asymmetric clip: with one optimizer step per batch the loop's ratio is 1)
+    extra_flags: dict[str, list[str]] = field(default_factory=dict)
     first_pass: Path | None = None  # an earlier pass's published results.json, pooled on the held-out set
     # (name, published results.json) of other studies whose runs join the ACR-vs-accuracy relation
     related: tuple[tuple[str, Path], ...] = ()
+
+    def __post_init__(self):
+        for name, arm in self.methods.items():
+            arm_flags(name, arm)  # an arm avspo-train cannot run is refused when the study is built
 
     # ── runs ──
 
@@ -194,7 +237,8 @@ class RemediesStudy:
 
     def study_args(self, method: str, seed: int, budget: int) -> argparse.Namespace:
         """The quickstart options of one run (its parser: what the quickstart itself would run)."""
-        extra = [*self.methods[method], "--run.max_generated_tokens", str(budget), "--train.num_episodes", "50"]
+        flags = [*arm_flags(method, self.methods[method]), *self.extra_flags.get(method, [])]
+        extra = [*flags, "--run.max_generated_tokens", str(budget), "--train.num_episodes", "50"]
         settings = [f"--{k.replace('_', '-')}={v}" for k, v in self.settings.items()]
         return qs.build_parser().parse_args(
             ["--grpo", "--seed", str(seed), "--save-steps", "8", *settings, "--", *extra]

@@ -38,6 +38,7 @@ from avspo_openrlhf.study.loop import (
     RunSpec,
     StudySettings,
     atomic_write,
+    check_loop_arm,
     device_and_dtype,
     settings_difference,
     settings_hash,
@@ -213,6 +214,11 @@ class GPURemediesStudy:
             raise ValueError(f"GPURemediesStudy: arms {sorted(unknown)} are not in arms")
         if self.base not in self.primary:
             raise ValueError(f"GPURemediesStudy: the base {self.base!r} must be one of the primary arms")
+        for name, arm in self.arms.items():
+            try:
+                check_loop_arm(arm)  # when the study is built, not when its first run starts
+            except ValueError as e:
+                raise ValueError(f"GPURemediesStudy arm {name!r}: {e}") from None
 
     @property
     def family(self) -> tuple[str, ...]:

@@ -4,8 +4,8 @@ stated in the header of every table that uses it (``SD_NOTE``)."""
 from __future__ import annotations
 
 import collections
-import math
 import json
+import math
 import statistics
 
 SD_NOTE = "± is the standard deviation over seeds"

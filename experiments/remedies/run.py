@@ -16,13 +16,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.remedies import RemediesStudy
 
 HERE = Path(__file__).resolve().parent
 
-# the remedies with their published defaults; AVSPO's std/eps set so that with its gate closed it is
-# this study's GRPO (OpenRLHF group_norm: unbiased std + 1e-9) bit for bit
-AVSPO = ["--remedy", "avspo", "--avspo.std_convention", "unbiased", "--avspo.eps", "1e-9"]
+# the remedies with their published defaults, in the GPU study's arm language (arm_flags makes their
+# avspo-train flags); AVSPO's std/eps set so that with its gate closed it is this study's GRPO (OpenRLHF
+# group_norm: unbiased std + 1e-9) bit for bit
+AVSPO = Arm("avspo", {"std_convention": "unbiased", "eps": 1e-9})
 
 STUDY = RemediesStudy(
     # The task mix: at the start ~58 % of SmolLM2-135M's groups (G=8, T=0.7, 32 tokens) collapse, nearly
@@ -49,14 +51,15 @@ STUDY = RemediesStudy(
     ),
     token_budget=16_000,  # about 20 GRPO steps (2.5 passes over the pool) at the start's response length
     methods={
-        "GRPO": [],
+        "GRPO": Arm("grpo"),
         "AVSPO": AVSPO,
-        "DAPO-DS": ["--dynamic.std_filter"],
-        "NGRPO": ["--remedy", "ngrpo", "--actor.eps_clip_low_high", "0.16", "0.24"],
-        "GRESO": ["--greso.enable", "--greso.audit", "0.1", "--dynamic.std_filter"],
-        "GRESO+AVSPO": ["--greso.enable", "--greso.audit", "0.1", *AVSPO],
-        "RL-ZVP": ["--remedy", "rl_zvp"],
+        "DAPO-DS": Arm("grpo", dynamic=True),
+        "NGRPO": Arm("ngrpo"),
+        "GRESO": Arm("grpo", dynamic=True, greso={"audit": 0.1}),
+        "GRESO+AVSPO": Arm("avspo", AVSPO.options, greso={"audit": 0.1}),
+        "RL-ZVP": Arm("rl_zvp"),
     },
+    extra_flags={"NGRPO": ["--actor.eps_clip_low_high", "0.16", "0.24"]},  # NGRPO's asymmetric clip
     min_seeds={"GRPO": 5, "AVSPO": 5, "DAPO-DS": 5, "NGRPO": 5, "GRESO": 3, "GRESO+AVSPO": 3, "RL-ZVP": 3},
     baselines=("GRPO", "DAPO-DS"),
     first_pass=HERE / "results_first_pass" / "results.json",  # 300 problems, its records lost: pooled on those
