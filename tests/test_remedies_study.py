@@ -18,7 +18,7 @@ from avspo_openrlhf.data.io import read_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.stats import sign_flip_p, t_quantile
 from avspo_openrlhf.study import remedies, remedies_gpu, tables
-from avspo_openrlhf.study.compare import paired, pooled_compare
+from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
 from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.remedies import RemediesStudy
 from avspo_openrlhf.study.tables import cpu_line
@@ -337,6 +337,43 @@ def test_the_cpu_study_speaks_the_gpu_studys_arm_language():
     for arm, field_ in ((Arm("grpo", control="random_sign"), "control"), (Arm("grpo", reward="format"), "reward")):
         with pytest.raises(ValueError, match=rf"arm 'bad': Arm\.{field_} is the study loop's"):
             dataclasses.replace(published.STUDY, methods={"GRPO": Arm("grpo"), "bad": arm})
+
+
+def test_both_studies_published_runs_hold_the_one_result_schema(tmp_path):
+    """The CPU study's published runs (avspo-train cells) and the GPU pilot's (the study loop) hold
+    every key of ``compare.RESULT_SCHEMA``; a result without one is refused when collected, naming the
+    run and the key."""
+    cpu = [
+        {**r, "per_problem": remedies.unpack_per_problem(r["per_problem"])}
+        for r in json.loads((ROOT / "experiments/remedies/results/results.json").read_text())["runs"]
+    ]
+    pilot = ROOT / "experiments/remedies_gpu/results/pilot"
+    gpu = remedies_gpu.GPURemediesStudy.collect(tmp_path, pilot)
+    assert len(cpu) == 29 and len(gpu) == 12
+    check_results(cpu, "cpu")
+    check_results(gpu, "gpu")
+    (tmp_path / "pub" / "runs").mkdir(parents=True)
+    broken = {
+        k: v for k, v in json.loads(next((pilot / "runs").glob("*.json")).read_text()).items() if k != "acr_effective"
+    }
+    broken["curve"] = [{k: v for k, v in c.items() if k != "wall_s"} for c in broken["curve"]]
+    (tmp_path / "pub" / "runs" / "x.json").write_text(json.dumps(broken))
+    with pytest.raises(
+        ValueError, match=rf"{broken['method']} seed {broken['seed']} lacks acr_effective, curve\[\]\.wall_s"
+    ):
+        remedies_gpu.GPURemediesStudy.collect(tmp_path / "none", tmp_path / "pub")
+
+
+def test_the_cpu_report_says_how_many_held_out_rows_are_training_prompts(study, tmp_path):
+    """The CPU study draws held-out problems independently of its pool: the header counts the rows
+    that are training prompts and the distinct problems, here against the files make_data writes."""
+    train, heldout, extra = (read_jsonl(p) for p in study.make_data(tmp_path))
+    rows = heldout + extra
+    prompts = {r["problem"] for r in train}
+    expected = (sum(r["problem"] in prompts for r in rows), len({r["problem"] for r in rows}))
+    assert study.heldout_repeats(len(rows)) == expected == (59, 715)
+    run = {**_run("GRPO", 0, [1.0] * 4), "heldout_problems": 1200}
+    assert "Of its 1,200 rows 59 are training prompts and 715 are distinct problems" in study.heldout_line([run], 0.2)
 
 
 def test_the_cpu_line_names_the_machines_the_runs_ran_on(study):

@@ -9,6 +9,42 @@ from collections.abc import Callable
 
 from avspo_openrlhf import stats
 
+# The one result schema: what a run's result holds whichever study and backend made it (the study
+# loop's ``result.json``; ``remedies.run_one``'s over an ``avspo-train`` cell), and what the paired
+# comparisons and the shared report tables read. Each backend records more beside it (the loop: its
+# settings record and hash, arm, device, token accounting; the CPU cells: their CPU, GRESO counters).
+RESULT_SCHEMA = {
+    "method": "the arm's (method's) name",
+    "seed": "the run's seed: runs of two arms with one seed are a pair",
+    "steps": "optimizer steps taken",
+    "generated_tokens": "completion tokens generated, every round and refill counted",
+    "heldout_pass1": "held-out pass@1, each level weighing the same (None: not evaluated)",
+    "heldout_problems": "held-out problems evaluated",
+    "heldout_by_level": "level -> held-out pass@1",
+    "per_problem": "held-out unique_id -> accuracy over its samples",
+    "acr_raw": "mean raw ACR over the trained batches",
+    "acr_effective": "mean effective ACR (groups whose advantages are all 0) over the trained batches",
+    "acr_all_wrong": "mean share of all-wrong groups",
+    "acr_all_right": "mean share of all-right groups",
+    "curve": "one row per step: step, tokens, wall_s, reward, acr, acr_effective (and more)",
+    "mid_evals": "the mid-run evaluations: step, pass1 (and more)",
+    "precision": "the run's precisions, recorded by the machine that ran it",
+    "resumed": "whether the run resumed after a kill (its wall time is then not comparable)",
+}
+CURVE_KEYS = ("step", "tokens", "wall_s", "reward", "acr", "acr_effective")
+
+
+def check_results(results: list[dict], where: str) -> None:
+    """Refuse, naming the run and the keys, a result without :data:`RESULT_SCHEMA`'s keys (a file from
+    another tool or version): a report built on it would be wrong where it is silent."""
+    for r in results:
+        missing = [k for k in RESULT_SCHEMA if k not in r]
+        curve = r.get("curve") or []
+        missing += [f"curve[].{k}" for k in CURVE_KEYS if curve and k not in curve[-1]]
+        if missing:
+            name = f"{r.get('method', '?')} seed {r.get('seed', '?')}"
+            raise ValueError(f"{where}: the result of {name} lacks {', '.join(missing)} (compare.RESULT_SCHEMA)")
+
 
 def per_seed_diffs(
     results: list[dict], method: str, base: str, level: Callable[[str], str], keep: Callable[[str], bool] | None = None

@@ -31,7 +31,7 @@ from pathlib import Path
 from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.stats import t_halfwidth
 from avspo_openrlhf.study import acr, cells, tables
-from avspo_openrlhf.study.compare import paired, pooled_compare
+from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
 from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.tables import cpu_line, fmt_t, mean_sd, pack_per_problem, precisions, unpack_per_problem
 
@@ -178,12 +178,12 @@ class RemediesStudy:
         """The training pool, the held-out set and its extension, the same for every method and seed
         (written atomically: a study running beside a ``--report-only`` reads them)."""
         from avspo_openrlhf.data.io import write_jsonl
-        from avspo_openrlhf.data.tasks import make_prompt, synthetic_arithmetic
+        from avspo_openrlhf.data.tasks import make_prompt
 
         out.mkdir(parents=True, exist_ok=True)
-        heldout = synthetic_arithmetic(self.heldout + self.heldout_extra, list(self.levels), seed=1000)
+        train, heldout = self.streams(self.heldout + self.heldout_extra)
         sets = {
-            "train": synthetic_arithmetic(self.train_prompts, list(self.levels), seed=0),
+            "train": train,
             "heldout": heldout[: self.heldout],
             "heldout_extra": heldout[self.heldout :],
         }
@@ -192,6 +192,14 @@ class RemediesStudy:
                 r["prompt"] = make_prompt(r["problem"], "user")
             write_jsonl(rows, str(out / f"{name}.jsonl"))
         return tuple(str(out / f"{name}.jsonl") for name in sets)
+
+    def streams(self, heldout_rows: int) -> tuple[list[dict], list[dict]]:
+        """The training pool and the first ``heldout_rows`` of the held-out stream, drawn independently
+        (seeds 0 and 1000; a longer stream begins with a shorter one)."""
+        from avspo_openrlhf.data.tasks import synthetic_arithmetic
+
+        train = synthetic_arithmetic(self.train_prompts, list(self.levels), seed=0)
+        return train, synthetic_arithmetic(heldout_rows, list(self.levels), seed=1000)
 
     def level(self, unique_id: str) -> str:
         return self.levels[int(unique_id.rsplit("/", 1)[1]) % len(self.levels)]
@@ -356,23 +364,12 @@ class RemediesStudy:
         """Paired differences against ``base`` level by level (the main table's comparison on one
         level's problems): which levels a method's overall difference comes from."""
         with_records = [r for r in results if r.get("per_problem")]
-        rows = []
-        for m in methods:
-            cmp = [
-                paired(with_records, m, base, self.level, lambda k, lv=lv: self.level(k) == lv) for lv in self.levels
-            ]
-            if any(cmp):
-                rows.append(f"| {m} | " + " | ".join(fmt_t(c) for c in cmp) + " |")
-        if not rows:
-            return []
-        return [
-            "",
-            f"Per level against {base} (points; mean [95 % t interval over seeds], p = exact sign-flip (seeds)):",
-            "",
-            "| method | " + " | ".join(self.levels) + " |",
-            "| --- |" + " --- |" * len(self.levels),
-            *rows,
-        ]
+        rows = {
+            m: [paired(with_records, m, base, self.level, lambda k, lv=lv: self.level(k) == lv) for lv in self.levels]
+            for m in methods
+        }
+        title = f"Per level against {base} (points; mean [95 % t interval over seeds], p = exact sign-flip (seeds)):"
+        return tables.level_table(rows, self.levels, title)
 
     # ── the report ──
 
@@ -398,24 +395,26 @@ class RemediesStudy:
             if hw
             else ""
         )
-        return f"Held-out: {held}; before training {100 * before:.1f} %{interval}."
+        rows = full if n_full == len(results) else self.heldout
+        repeats, distinct = self.heldout_repeats(rows)
+        return (
+            f"Held-out: {held}; before training {100 * before:.1f} %{interval}. Of its {rows:,} rows {repeats} are "
+            f"training prompts and {distinct:,} are distinct problems (single-digit levels have few; the GPU "
+            "study's held-out set is distinct and disjoint from training)."
+        )
+
+    def heldout_repeats(self, rows: int) -> tuple[int, int]:
+        """(rows that are training prompts, distinct problems) among the first ``rows`` of the held-out
+        stream (:meth:`streams`: drawn independently of the training pool)."""
+        train, heldout = self.streams(rows)
+        prompts = {r["problem"] for r in train}
+        return sum(r["problem"] in prompts for r in heldout), len({r["problem"] for r in heldout})
 
     def seed_and_level_tables(self, results: list[dict], methods: list[str]) -> list[str]:
         """Held-out pass@1 per seed (the paired tests' inputs, an empty cell for a run not yet done) and
         per level as a mean over seeds, with the collapsed share split all-wrong / all-right: where a
         method wins or loses, not only by how much."""
-        acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
-        seeds = sorted({r["seed"] for r in results})
-        lines = [
-            "",
-            "Held-out pass@1 per seed (%):",
-            "",
-            "| seed | " + " | ".join(methods) + " |",
-            "| --- |" + " --- |" * len(methods),
-        ]
-        for s in seeds:
-            row = [f"{100 * acc[m, s]:.1f}" if (m, s) in acc else "" for m in methods]
-            lines.append(f"| {s} | " + " | ".join(row) + " |")
+        lines = tables.per_seed_table(results, methods)
         lines += [
             "",
             "Per level (held-out pass@1, %) and the trained groups' collapsed share (all-wrong, all-right), "
@@ -482,6 +481,7 @@ class RemediesStudy:
         """The tables (results.md), the runs with their per-problem records (results.json), both passes
         per seed (per_seed.json), the plot and the ACR-vs-accuracy relation, into ``out``; returns the
         tables."""
+        check_results(results, str(out))
         s = self.settings
         methods = [m for m in self.methods if any(r["method"] == m for r in results)]
         lr = f"{s['lr']:g}".replace("e-0", "e-")

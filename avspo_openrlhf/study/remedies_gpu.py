@@ -322,6 +322,7 @@ class GPURemediesStudy:
             r = json.loads(f.read_text(encoding="utf-8"))
             runs.setdefault((r["method"], r["seed"]), r)
         results = list(runs.values())
+        compare.check_results(results, f"{published or out}")
         check_pairable(results)
         return results
 
@@ -548,21 +549,13 @@ class GPURemediesStudy:
                 f"{tables.mean_sd(a['truncation_rate'], 100)} | {tables.mean_sd(a['completion_tokens_mean'], 1)} | "
                 f"{tables.mean_sd(a['train_min'], 1, '{:.1f}')} |"
             )
-        level_rows = [
-            f"| {arm} | " + " | ".join(tables.fmt_t(a["by_level_vs_" + b][lv]) for lv in self.levels) + " |"
-            for arm, a in summary.items()
-            if any(a["by_level_vs_" + b].values())
-        ]
-        if level_rows:
-            lines += [
-                "",
-                f"Per level against {b}, exploratory (points; mean [95 % t interval over seeds], p = exact "
-                "sign-flip (seeds)):",
-                "",
-                "| arm | " + " | ".join(self.levels) + " |",
-                "| --- |" + " --- |" * len(self.levels),
-                *level_rows,
-            ]
+        lines += tables.level_table(
+            {arm: [a["by_level_vs_" + b][lv] for lv in self.levels] for arm, a in summary.items()},
+            self.levels,
+            f"Per level against {b}, exploratory (points; mean [95 % t interval over seeds], p = exact sign-flip "
+            "(seeds)):",
+            label="arm",
+        )
         lines += self.power_lines(summary)
         lines += [
             "",
@@ -580,20 +573,7 @@ class GPURemediesStudy:
         lines += health or ["- none: every run finished with every step updated."]
         if lr_results:
             lines += ["", *self.lr_lines(lr_results)]
-        seeds = sorted({r["seed"] for r in results})
-        arms = list(summary)
-        acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
-        lines += [
-            "",
-            "Held-out pass@1 per seed (%):",
-            "",
-            "| seed | " + " | ".join(arms) + " |",
-            "| --- |" + " --- |" * len(arms),
-        ]
-        lines += [
-            f"| {sd} | " + " | ".join(f"{100 * acc[a, sd]:.1f}" if (a, sd) in acc else "" for a in arms) + " |"
-            for sd in seeds
-        ]
+        lines += tables.per_seed_table(results, list(summary))
         lines.append(f"\nRuns resumed after a kill: {sum(bool(r.get('resumed')) for r in results)}.")
         text = "\n".join(lines) + "\n"
         self._write(out, text, summary, decision, results)

@@ -90,3 +90,31 @@ def unpack_per_problem(packed: dict) -> dict[str, float]:
     if "correct" not in packed:
         return dict(packed)
     return {f"{packed['prefix']}{i}": int(c) / packed["n"] for i, c in enumerate(packed["correct"])}
+
+
+def per_seed_table(results: list[dict], methods: list[str]) -> list[str]:
+    """Held-out pass@1 per seed (%), a column per method: the paired tests' inputs, an empty cell for a
+    run not yet done (both remedies studies' reports)."""
+    acc = {(r["method"], r["seed"]): r["heldout_pass1"] for r in results}
+    lines = [
+        "",
+        "Held-out pass@1 per seed (%):",
+        "",
+        "| seed | " + " | ".join(methods) + " |",
+        "| --- |" + " --- |" * len(methods),
+    ]
+    for seed in sorted({r["seed"] for r in results}):
+        lines.append(
+            f"| {seed} | " + " | ".join(f"{100 * acc[m, seed]:.1f}" if (m, seed) in acc else "" for m in methods) + " |"
+        )
+    return lines
+
+
+def level_table(rows: dict[str, list[dict | None]], levels, title: str, label: str = "method") -> list[str]:
+    """``compare.paired`` comparisons level by level (``rows``: method -> one per level) under
+    ``title``, the first column headed ``label``; nothing when no method has one (both remedies
+    studies' reports)."""
+    body = [f"| {m} | " + " | ".join(fmt_t(c) for c in cmp) + " |" for m, cmp in rows.items() if any(cmp)]
+    if not body:
+        return []
+    return ["", title, "", f"| {label} | " + " | ".join(levels) + " |", "| --- |" + " --- |" * len(levels), *body]
