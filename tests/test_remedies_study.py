@@ -142,10 +142,12 @@ def test_before_training_and_the_header_follow_the_set_the_runs_hold(study, tmp_
     assert line.startswith("Held-out: 1,200 problems x n=4 (T=0.7); before training 30.0 %")
     # one run's interval is a half-width (t over its 1,200 problems, sd sqrt(0.25 * 1200 / 1199)), not a ±
     half = 100 * t_quantile(0.975, 1199) * math.sqrt(0.25 * 1200 / 1199) / math.sqrt(1200)
-    assert line.endswith(
-        f"95 % evaluation interval (t, over problems) has a half-width of {half:.1f}–{half:.1f} points."
+    assert (
+        f"95 % evaluation interval (t, over problems) has a half-width of {half:.1f}–{half:.1f} points. Of its "
+        "1,200 rows 59 are training prompts" in line
     )
     assert "±" not in line
+    assert "Of its 300 rows" in study.heldout_line([first, full], 0.2)  # the rows every run holds
 
 
 def test_per_problem_records_pack_losslessly_and_odd_ones_stay_a_dict(study):
@@ -203,6 +205,14 @@ def _metrics() -> dict:
         "train_wall_min": 1.0,
         "greso": {},
         "heldout_problems": 4,
+        # the rest of compare.RESULT_SCHEMA, which the report checks
+        "heldout_by_level": {},
+        "acr_all_wrong": 0.25,
+        "acr_all_right": 0.0,
+        "curve": [{"step": 2, "tokens": 100.0, "wall_s": 1.0, "reward": 0.5, "acr": 0.5, "acr_effective": 0.25}],
+        "mid_evals": [],
+        "precision": {},
+        "resumed": False,
     }
 
 
