@@ -878,7 +878,9 @@ class GPURemediesStudy:
             shutil.rmtree(folder, ignore_errors=True)
             return [Job(self.spec(self.base, s, model, data, short), folder / f"{self.base}_seed{s}") for s in range(k)]
 
-        def write(rows: list[dict]) -> list[str]:
+        dest = published or out
+
+        def write(rows: list[dict]) -> None:
             one = next(r for r in rows if r["k"] == 1)["tokens_per_s"]
             lines = [
                 f"Device: {rows[0]['device']}; precision {json.dumps(rows[0]['precision'])}; engine "
@@ -895,14 +897,11 @@ class GPURemediesStudy:
                 f"{r['median_step_s']:.2f} | {r['runs_per_hour']:.1f} |"
                 for r in rows
             ]
-            dest = published or out
             dest.mkdir(parents=True, exist_ok=True)
             atomic_write(dest / "throughput.md", "\n".join(lines) + "\n")
             atomic_write(dest / "throughput.json", json.dumps(rows, indent=1))
-            return lines
 
         # K = 1 first (the sorted Ks start with it), so every table written has its "× one run"
-        rows = measure_throughput(make_jobs, ks, settings.token_budget, engine=settings.engine, on_row=write)
-        lines = write(rows)
-        print("\n".join(lines), flush=True)
+        measure_throughput(make_jobs, ks, settings.token_budget, engine=settings.engine, on_row=write)
+        print((dest / "throughput.md").read_text(encoding="utf-8"), end="", flush=True)
         return 0
