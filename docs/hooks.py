@@ -214,13 +214,16 @@ def remedy_cost_table() -> str:
     import json
     import statistics
 
+    from avspo_openrlhf.study import store
+
     study = json.loads((ROOT / REMEDIES_STUDY).read_text(encoding="utf-8"))
+    published = store.read_runs((ROOT / REMEDIES_STUDY).parent)
     bench = json.loads((ROOT / RL_ZVP_BENCH).read_text(encoding="utf-8"))
     runs: dict[str, list[dict]] = {}
-    for run in study["runs"]:
+    for run in published:
         runs.setdefault(run["method"], []).append(run)
     # every run's machine and precision, named once when the runs agree (each one otherwise)
-    kinds = sorted({(r["cpu"], r["precision"]["policy"], r["precision"]["rollout engine"]) for r in study["runs"]})
+    kinds = sorted({(r["cpu"], r["precision"]["policy"], r["precision"]["rollout engine"]) for r in published})
     where = "; ".join(
         f"{cpu}, policy {p.replace('float', 'fp')}, rollout engine {e.replace('float', 'fp')}" for cpu, p, e in kinds
     )
@@ -233,7 +236,7 @@ def remedy_cost_table() -> str:
         f"Measured on {where}, "
         f"every run stopped at {study['budget_tokens']:,} generated tokens ([the study](../experiments/remedies/README.md), "
         "[its table](../experiments/remedies/results/results.md)); mean over seeds, the difference paired by seed "
-        "with its 95 % bootstrap interval:",
+        "with its 95 % t interval over seeds:",
         "",
         "| remedy | flag | held-out vs GRPO (points) | training wall time (min) | updates | generated ÷ trained samples "
         "| extra compute in a step | extra memory |",

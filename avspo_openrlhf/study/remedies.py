@@ -30,10 +30,10 @@ from pathlib import Path
 
 from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.stats import t_halfwidth
-from avspo_openrlhf.study import acr, cells, tables
+from avspo_openrlhf.study import acr, cells, store, tables
 from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
 from avspo_openrlhf.study.loop import Arm
-from avspo_openrlhf.study.tables import cpu_line, fmt_t, mean_sd, pack_per_problem, precisions, unpack_per_problem
+from avspo_openrlhf.study.tables import cpu_line, fmt_t, mean_sd, precisions
 
 
 def _option_flags(group: str, options: dict) -> list[str]:
@@ -71,26 +71,17 @@ def arm_flags(name: str, arm: Arm) -> list[str]:
     return flags
 
 
-def restore_published(out: Path, published: Path) -> list[str]:
-    """Put the runs (and the evaluation before training) that ``published``/results.json holds with
-    their per-problem records back into ``out``, where ``out`` lacks them: the study resumes from
-    the repository on a machine whose run folder is gone. Returns the runs restored."""
+def restore_before_eval(out: Path, published: Path) -> list[str]:
+    """Put the evaluations before training that ``published``/results.json holds back into ``out``,
+    where ``out`` lacks them (the runs themselves are read from ``published``/runs: ``store.collect``):
+    the study resumes from the repository on a machine whose run folder is gone. Returns those restored."""
     path = published / "results.json"
-    if not path.exists():
-        return []
-    pub = json.loads(path.read_text())
-    for name, summary in pub.get("before_eval", {}).items():
+    restored = []
+    for name, summary in (json.loads(path.read_text()) if path.exists() else {}).get("before_eval", {}).items():
         if not (out / name / "summary.json").exists():
             (out / name).mkdir(parents=True, exist_ok=True)
             cells.write_json(out / name / "summary.json", summary)
-    restored = []
-    for r in pub["runs"]:
-        run_dir = out / f"{r['method']}_seed{r['seed']}"
-        if "per_problem" not in r or (run_dir / "result.json").exists():
-            continue  # runs published without their records (the first pass) cannot enter the statistics
-        run_dir.mkdir(parents=True, exist_ok=True)
-        cells.write_json(run_dir / "result.json", {**r, "per_problem": unpack_per_problem(r["per_problem"])})
-        restored.append(run_dir.name)
+            restored.append(name)
     return restored
 
 
@@ -105,7 +96,7 @@ def _mid_pass1(e: dict) -> float | None:
 
 # what the report writes that the repository keeps
 PUBLISHED = ("results.md", "results.json", "remedies.png", "acr_vs_accuracy.md", "acr_vs_accuracy.json")
-# what a reader needs per run; the per-problem records and curves stay in the published results.json
+# what a reader needs per run; the per-problem records and curves stay in the published runs/
 PER_SEED_KEYS = (
     "heldout_pass1",
     "heldout_pass1_first",
@@ -314,10 +305,10 @@ class RemediesStudy:
             return math.nan
         return sum(s["pass@1"] * n for s, n in parts) / sum(n for _, n in parts)
 
-    def order(self, methods: list[str], seeds: list[int]) -> list[tuple[str, int]]:
-        """Seed-major, so partial results hold complete seeds of every method; a method stops after
-        its ``min_seeds``."""
-        return [(m, s) for s in seeds for m in methods if s in seeds[: self.min_seeds[m]]]
+    def order(self, methods: list[str], seeds: list[int] | None) -> list[tuple[str, int]]:
+        """Seed-major (``store.seed_major``, the GPU study's order), so partial results hold complete
+        seeds of every method; each method up to its ``min_seeds`` unless ``seeds`` names them."""
+        return store.seed_major([methods], self.min_seeds, seeds)
 
     # ── comparisons ──
 
@@ -478,9 +469,9 @@ class RemediesStudy:
         return json.loads(self.first_pass.read_text()) if self.first_pass and self.first_pass.exists() else None
 
     def report(self, results: list[dict], before: float, out: Path, budget: int) -> str:
-        """The tables (results.md), the runs with their per-problem records (results.json), both passes
-        per seed (per_seed.json), the plot and the ACR-vs-accuracy relation, into ``out``; returns the
-        tables."""
+        """The tables (results.md), the comparisons and the evaluations before training (results.json),
+        both passes per seed (per_seed.json), the plot and the ACR-vs-accuracy relation, into ``out``
+        (the runs themselves are published one file each: ``store.publish_run``); returns the tables."""
         check_results(results, str(out))
         s = self.settings
         methods = [m for m in self.methods if any(r["method"] == m for r in results)]
@@ -547,12 +538,6 @@ class RemediesStudy:
         )
         table = "\n".join(lines) + "\n"
         (out / "results.md").write_text(table, encoding="utf-8")
-        # per-problem records travel with the repository: the paired statistics need them, and the run
-        # folders do not outlive the machine (the first pass lost them that way)
-        n = s["eval_n"]
-        runs = [
-            {**r, "per_problem": pack_per_problem(r["per_problem"], n)} if "per_problem" in r else r for r in results
-        ]
         before_eval = {
             d: json.loads((out / d / "summary.json").read_text())
             for d in ("eval_before", "eval_before_extra")
@@ -565,7 +550,6 @@ class RemediesStudy:
                 "before_pass1": before,
                 "before_eval": before_eval,
                 "summary": summary,
-                "runs": runs,
             },
         )
         cells.write_json(out / "per_seed.json", self.per_seed_summary(results, summary, first_pass, budget, before))
@@ -688,10 +672,11 @@ class RemediesStudy:
             __doc__.split("\n\n")[0],
             "runs/remedies",
             list(self.methods),
-            [0, 1, 2, 3, 4],
-            "the repository's results folder: results.md/json, the plot and the ACR relation are "
-            "written there after every finished run, and the runs it holds are not run again (a "
-            "study resumes from it when the run folder is gone)",
+            None,
+            "the repository's results folder: each finished run (runs/<method>_seed<k>.json, with its "
+            "per-problem records), results.md/json, the plot and the ACR relation are written there "
+            "after every finished run, and the runs it holds are not run again (a study resumes from "
+            "it when the run folder is gone)",
         )
         p.add_argument("--budget", type=int, default=self.token_budget, help="generated tokens per run")
         p.add_argument(
@@ -712,23 +697,25 @@ class RemediesStudy:
                 else "[remedies] every method's flags parse"
             )
             return 1 if refused else 0
-        if args.publish:
-            restored = restore_published(out, Path(args.publish))
+        published = Path(args.publish) if args.publish else None
+        if published:
+            restored = restore_before_eval(out, published)
             if restored:
-                print(f"[remedies] restored from {args.publish}: {', '.join(restored)}", flush=True)
+                print(f"[remedies] restored from {published}: {', '.join(restored)}", flush=True)
         data = self.make_data(out / "data")
         full = self.heldout + self.heldout_extra
 
         def publish() -> None:
-            results = [json.loads(f.read_text()) for f in sorted(out.glob("*_seed*/result.json"))]
+            if published:  # this folder's runs (an extended evaluation included), then every published one
+                for f in sorted(out.glob("*_seed*/result.json")):
+                    store.publish_run(json.loads(f.read_text()), published, self.settings["eval_n"])
+            results = store.collect(out, published)
             before = self.before_pass1(out, all(r.get("heldout_problems", self.heldout) >= full for r in results))
             print(self.report(results, before, out, args.budget), flush=True)
-            if args.publish:
-                dest = Path(args.publish)
-                dest.mkdir(parents=True, exist_ok=True)
+            if published:
                 for name in PUBLISHED:
                     if (out / name).exists():
-                        shutil.copy(out / name, dest / name)
+                        shutil.copy(out / name, published / name)
             if args.per_seed_json and (out / "per_seed.json").exists():
                 shutil.copy(out / "per_seed.json", args.per_seed_json)
 
@@ -739,7 +726,13 @@ class RemediesStudy:
             base = self.study_args(next(iter(self.methods)), 0, args.budget)
             qs.evaluate_heldout(model, data[1], out / "eval_before", base, out / "log.txt")
             qs.evaluate_heldout(model, data[2], out / "eval_before_extra", base, out / "log.txt")
-            todo = self.order(args.methods, args.seeds)
+            # a run published (from another machine) and absent here is finished: not run again
+            elsewhere = {(r["method"], r["seed"]) for r in store.read_runs(published)} if published else set()
+            todo = [
+                (m, s)
+                for m, s in self.order(args.methods, args.seeds)
+                if (m, s) not in elsewhere or (out / f"{m}_seed{s}" / "result.json").exists()
+            ]
             for i, (m, s) in enumerate(todo):
                 print(f"[remedies] {i + 1}/{len(todo)}: {m} seed {s}", flush=True)
                 fresh = not (out / f"{m}_seed{s}" / "result.json").exists()

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from avspo_openrlhf import stats
-from avspo_openrlhf.study import compare, tables
+from avspo_openrlhf.study import compare, store, tables
 from avspo_openrlhf.study.loop import (
     Arm,
     RunSpec,
@@ -137,14 +137,6 @@ def probability_of_improvement(x, y, seed: int = 0, n_boot: int = 2000) -> dict 
 
 
 # ── the study ──
-
-
-def pack_run(r: dict) -> dict:
-    return {**r, "per_problem": tables.pack_per_problem(r["per_problem"], r["eval_n"])}
-
-
-def unpack_run(r: dict) -> dict:
-    return {**r, "per_problem": tables.unpack_per_problem(r["per_problem"])}
 
 
 def level_of(unique_id: str) -> str:
@@ -269,17 +261,12 @@ class GPURemediesStudy:
         return paths[0], paths[1], paths[2]
 
     def order(self, arms: list[str], seeds: list[int] | None, pilot: bool = False) -> list[tuple[str, int]]:
-        """The runs in the order they start: the pilot's, or the primary arms seed by seed up to their
-        seeds, then the other arms the same way (partial results hold whole seeds of the primary arms)."""
+        """The runs in the order they start (``store.seed_major``): the pilot's, or the primary arms
+        seed by seed up to their planned seeds, then the other arms the same way."""
         wanted = self.pilot if pilot else self.seeds
         arms = [a for a in arms if a in wanted]
         groups = [[a for a in arms if a in self.primary], [a for a in arms if a not in self.primary]]
-        out = []
-        for group in groups:
-            top = max((wanted[a] for a in group), default=0)
-            for s in seeds if seeds is not None else range(top):
-                out += [(a, s) for a in group if seeds is not None or s < wanted[a]]
-        return out
+        return store.seed_major(groups, wanted, seeds)
 
     def lr_arms(self) -> dict[str, Arm]:
         """The learning-rate check's arms: each checked arm at each learning rate of the grid."""
@@ -311,18 +298,9 @@ class GPURemediesStudy:
 
     @staticmethod
     def collect(out: Path, published: Path | None) -> list[dict]:
-        """Every finished run: the published ones and those in ``out`` (one per arm and seed; a
-        published run wins). Runs of different settings are refused together (:func:`check_pairable`)."""
-        runs: dict[tuple[str, int], dict] = {}
-        if published is not None and (published / "runs").is_dir():
-            for f in sorted((published / "runs").glob("*.json")):
-                r = unpack_run(json.loads(f.read_text(encoding="utf-8")))
-                runs[r["method"], r["seed"]] = r
-        for f in sorted(out.glob("*_seed*/result.json")):
-            r = json.loads(f.read_text(encoding="utf-8"))
-            runs.setdefault((r["method"], r["seed"]), r)
-        results = list(runs.values())
-        compare.check_results(results, f"{published or out}")
+        """Every finished run (``store.collect``: the published ones, then those of ``out``); runs
+        of different settings are refused together (:func:`check_pairable`)."""
+        results = store.collect(out, published)
         check_pairable(results)
         return results
 
@@ -338,8 +316,7 @@ class GPURemediesStudy:
         return failed
 
     def publish_run(self, r: dict, published: Path) -> None:
-        (published / "runs").mkdir(parents=True, exist_ok=True)
-        atomic_write(published / "runs" / f"{r['method']}_seed{r['seed']}.json", json.dumps(pack_run(r), indent=None))
+        store.publish_run(r, published, r["eval_n"])
 
     def summary(self, results: list[dict]) -> dict:
         """Per arm: its numbers and its paired comparisons (the report's tables, as data)."""

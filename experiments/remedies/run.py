@@ -2,7 +2,7 @@
 GRESO+AVSPO and RL-ZVP on SmolLM2-135M arithmetic (CPU), at equal generated tokens: this study's
 configuration, run by ``avspo_openrlhf.study.remedies`` (its docstring says how; ``--help``).
 
-    python experiments/remedies/run.py --seeds 0 1 2 3 4 --out runs/remedies --publish experiments/remedies/results \
+    python experiments/remedies/run.py --out runs/remedies --publish experiments/remedies/results \
         --per-seed-json experiments/remedies/results.json
     python experiments/remedies/run.py --out runs/remedies --report-only --publish experiments/remedies/results \
         --per-seed-json experiments/remedies/results.json

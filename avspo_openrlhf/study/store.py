@@ -1,0 +1,65 @@
+"""The remedies studies' runs as the repository keeps them, the CPU study's (``study/remedies.py``,
+``avspo-train`` cells) and the GPU study's (``study/remedies_gpu.py``, the study loop) alike: one
+file per finished run, ``<published>/runs/<method>_seed<k>.json`` (its per-problem records packed),
+read back together with the runs of a run folder (``<out>/<method>_seed<k>/result.json``); and the
+order in which a study starts its runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from avspo_openrlhf.study import compare, tables
+
+
+def run_file(published: Path, method: str, seed: int) -> Path:
+    return published / "runs" / f"{method}_seed{seed}.json"
+
+
+def publish_run(r: dict, published: Path, n: int) -> Path:
+    """Write run ``r`` into ``published`` (atomically: a report beside a running study never reads
+    half a file), its per-problem accuracies packed as counts of ``n`` samples."""
+    path = run_file(published, r["method"], r["seed"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    packed = {**r, "per_problem": tables.pack_per_problem(r["per_problem"], n)}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(packed, indent=None), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_runs(published: Path) -> list[dict]:
+    """The runs ``published`` holds, their per-problem records unpacked, in file order."""
+    runs = []
+    for f in sorted((published / "runs").glob("*.json")):
+        r = json.loads(f.read_text(encoding="utf-8"))
+        runs.append({**r, "per_problem": tables.unpack_per_problem(r["per_problem"])})
+    return runs
+
+
+def collect(out: Path, published: Path | None) -> list[dict]:
+    """Every finished run: the published ones, then those of ``out`` not published yet (one per
+    method and seed; a study publishes a run when it finishes, so the published copy is the last
+    word). Refused, naming the run and the key, when a result lacks a key of ``compare.RESULT_SCHEMA``."""
+    runs: dict[tuple[str, int], dict] = {}
+    if published is not None:
+        runs = {(r["method"], r["seed"]): r for r in read_runs(published)}
+    for f in sorted(out.glob("*_seed*/result.json")):
+        r = json.loads(f.read_text(encoding="utf-8"))
+        runs.setdefault((r["method"], r["seed"]), r)
+    results = list(runs.values())
+    compare.check_results(results, f"{published or out}")
+    return results
+
+
+def seed_major(groups: list[list[str]], planned: dict[str, int], seeds: list[int] | None) -> list[tuple[str, int]]:
+    """The runs in the order they start: group by group, seed by seed, every method of the group at
+    one seed before the next seed (partial results hold whole seeds). ``seeds`` None: each method's
+    ``planned`` seeds (0 .. planned - 1); a list: those seeds for every method."""
+    out = []
+    for group in groups:
+        top = max((planned[m] for m in group), default=0)
+        for s in seeds if seeds is not None else range(top):
+            out += [(m, s) for m in group if seeds is not None or s < planned[m]]
+    return out
