@@ -365,6 +365,9 @@ def test_quickstart_driver_with_the_tiny_model(tmp_path):
     assert r3.returncode == 0 and "is incomplete" in r3.stdout, (r3.stdout + r3.stderr)[-3000:]
     assert "Initializing a V1 LLM engine" in r3.stdout  # --verbose: the upstream output on the console too
     assert model_is_complete(str(tmp_path / "final")) and (tmp_path / "eval_after" / "summary.json").exists()
+    # no checkpoint before step 4 (--save-steps): trained again from step 1, and logged once
+    assert [x["step"] for x in read_metrics(str(tmp_path / "report" / "metrics.jsonl"))[0]] == [1, 2, 3]
+    assert "step 6/4" not in r3.stdout
 
 
 def test_model_is_complete_rejects_torn_saves(assets, tmp_path):

@@ -460,6 +460,22 @@ def test_state_is_saved_in_checkpoints_and_restored_exactly():
         assert torch.equal(a1, a2) and m1 == m2
 
 
+def test_a_run_without_a_checkpoint_logs_each_step_once(tmp_path):
+    """An earlier attempt in the same folder that saved no checkpoint (stopped by --run.max_steps
+    before --save-steps, or killed writing its final model) is trained again from step 1: its rows
+    go, as rows after a checkpoint's step go on a resume, instead of the log holding steps 1 2 3 1 2 3."""
+    from avspo_openrlhf.report import JsonlLogger, read_metrics
+
+    log = JsonlLogger(str(tmp_path))
+    for step in (1, 2, 3):
+        log.log_train(step, {"acr": 0.5})
+    t = _trainer(parse("--remedy", "avspo", "--report.dir", str(tmp_path)))
+    t.restore_best_checkpoint_state({"global_step": 0, "episode": 0})  # what OpenRLHF passes without one
+    assert t.policy_version == 0 and read_metrics(str(tmp_path / "metrics.jsonl"))[0] == []
+    log.log_train(1, {"acr": 0.25})
+    assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))[0]] == [1]
+
+
 def test_a_checkpoint_written_before_the_rename_resumes_exactly():
     """tests/fixtures/client_states_4799b8b.json: the client states 4799b8b's trainer saved (key
     ``avspo_state``) and what its controller computed on the next batches; today's trainer resumes

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -178,8 +179,8 @@ def test_smoke_config_trains_and_every_interruption_resumes_exactly(slurm, tmp_p
 
     env = _env(tmp_path)
     # A trained step takes 0.2-0.5 s here and an interruption reaches the trainer 1-2 s after the
-    # signal, so the run needs steps to spare after each one: 40 (4 prompts a step, one epoch).
-    n = 40
+    # signal, so the run needs steps to spare after each one: 24 (4 prompts a step, one epoch; the two stops came at steps 4 and 7).
+    n = 24
     train_flags = (*_tiny(tmp_path, 4 * n), "--run.max_steps", str(n))
     job = _submit(tmp_path, env, "--time", "00:40:00", train_flags=train_flags)
     metrics = tmp_path / "run" / "report" / "metrics.jsonl"
@@ -336,7 +337,7 @@ def test_preemption_without_grace_requeues_and_leaves_nothing(slurm, tmp_path):
     """GraceTime 0: no time to checkpoint; Slurm requeues the job, which resumes from its last
     periodic checkpoint; the killed attempt leaves no process behind."""
     job = _submit(
-        tmp_path, _fake_env(tmp_path, "until_stop", FAKE_SECONDS="20"), "--no-check", "--partition", "nograce"
+        tmp_path, _fake_env(tmp_path, "until_stop", FAKE_SECONDS="10"), "--no-check", "--partition", "nograce"
     )
     _wait_for(lambda: _records(tmp_path), 120, "training")
     high = subprocess.run(["sbatch", "--parsable", "-p", "high", "--exclusive", "-o", "/dev/null", "--wrap", "sleep 1"],
@@ -379,7 +380,7 @@ def test_two_jobs_on_one_node_keep_their_own_ray(slurm, tmp_path):
     b.mkdir()
     opts = ("--oversubscribe", "-c", "1", "--mem=3000")
     ja = _sbatch(a, _fake_env(a, "until_stop", FAKE_SECONDS="4", AVSPO_OUT=str(a / "run")), *opts)
-    jb = _sbatch(b, _fake_env(b, "until_stop", FAKE_SECONDS="40", FAKE_RECHECK="1", AVSPO_OUT=str(b / "run")), *opts)
+    jb = _sbatch(b, _fake_env(b, "until_stop", FAKE_SECONDS="25", FAKE_RECHECK="1", AVSPO_OUT=str(b / "run")), *opts)
     assert _ended(ja)["JobState"] == "COMPLETED", _log(a, ja, "avspo")
     assert _job(jb)["JobState"] == "RUNNING"
     jb_state = _ended(jb)
@@ -441,9 +442,69 @@ def test_reaper_spares_other_jobs_and_itself():
         assert sweep_temp(str(tmp)) == [str(tmp / "ray_avspo_999999")]
         assert (tmp / "ray_avspo_424242").exists()
         assert [p.pid for p in tagged("424242.0")] == [mine.pid]
-        assert reap("424242.0", grace=5) == 1
+        assert reap("424242.0", grace=5) == (1, [])  # sleep stops on SIGTERM: none killed
         mine.wait(5)  # gone (the reaper collected its exit status: it is this test's child)
         assert other.poll() is None
     finally:
         for p in (mine, other):
             p.kill()
+
+
+def test_the_reaper_waits_for_running_processes_not_for_zombies():
+    """A process that exited but whose parent has not reaped it (the launcher script's own children
+    while it runs the reaper in the foreground) is stopped: waiting for it to vanish cost every
+    teardown its whole grace time. A process that ignores SIGTERM still runs, and is killed."""
+    import psutil
+
+    from avspo_openrlhf.cluster.reap import _wait_running, terminate_then_kill
+
+    pid_file = Path(tempfile.mkdtemp()) / "pid"
+    # the parent runs a foreground sleep: it reaps no child until that ends
+    parent = subprocess.Popen(["bash", "-c", f"sleep 100 & echo $! > {pid_file}; sleep 60"], start_new_session=True)
+    stubborn = subprocess.Popen(["bash", "-c", "trap '' TERM; exec sleep 100"])  # SIGTERM stays ignored
+    try:
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            time.sleep(0.05)
+        child = psutil.Process(int(pid_file.read_text()))
+        child.terminate()
+        child_stopped = _wait_running([child], timeout=60)
+        assert child_stopped == [] and child.status() == psutil.STATUS_ZOMBIE
+        time.sleep(0.2)  # its trap is set
+        s = psutil.Process(stubborn.pid)
+        s.terminate()
+        assert _wait_running([s], timeout=0.5) == [s]  # SIGTERM ignored: still running
+        terminate_then_kill([s], grace=0.5)
+        assert stubborn.wait(5) == -9
+    finally:
+        os.killpg(parent.pid, 9)
+        parent.wait()
+        stubborn.kill()
+
+
+def test_the_reaper_stops_children_before_their_supervisor(tmp_path):
+    """A supervisor stops its own children on SIGTERM, one at a time (``ray start --block``: it
+    outlived a 10 s grace in every teardown); the reaper stops the children first, so the supervisor
+    finds nothing left to stop and nobody needs SIGKILL."""
+    from avspo_openrlhf.cluster.reap import reap
+
+    seen = tmp_path / "seen"
+    supervisor = textwrap.dedent(
+        f"""
+        import signal, subprocess, sys, time
+        child = subprocess.Popen(["sleep", "100"])
+        def stop(*_):
+            open({str(seen)!r}, "w").write("child running" if child.poll() is None else "child stopped")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        open({str(seen)!r} + ".ready", "w").close()
+        while True:
+            time.sleep(0.05)
+        """
+    )
+    p = subprocess.Popen([sys.executable, "-c", supervisor], env={**os.environ, "AVSPO_JOB_TAG": "424244.0"})
+    try:
+        _wait_for(lambda: Path(f"{seen}.ready").exists(), 30, "the supervisor and its child")
+        assert reap("424244.0", grace=20) == (2, [])
+        assert seen.read_text() == "child stopped"
+    finally:
+        p.kill()

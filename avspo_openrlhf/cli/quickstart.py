@@ -494,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
             if final.exists() and not model_is_complete(str(final)):  # killed while saving it
                 print(
                     f"[quickstart] {final} is incomplete (its save was interrupted): removing it; training resumes "
-                    "from the last checkpoint and saves the final model again",
+                    "from its last checkpoint (from the start if it saved none) and saves the final model again",
                     flush=True,
                 )
                 shutil.rmtree(final)

@@ -37,8 +37,31 @@ def tagged(tag: str) -> list:
     return out
 
 
-def terminate_then_kill(procs: list, grace: float) -> None:
-    """SIGTERM to ``procs`` (psutil processes), SIGKILL to those still there after ``grace`` s."""
+def _running(p) -> bool:
+    """Still to be stopped: neither gone nor a zombie. A zombie has exited and waits for its parent to
+    reap it; the parent is often the launcher script, which reaps nothing while it runs this reaper in
+    the foreground, so waiting for zombies to vanish cost every teardown the whole grace time."""
+    import psutil
+
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait_running(procs: list, timeout: float) -> list:
+    """Poll until no process of ``procs`` runs (:func:`_running`) or ``timeout`` s pass; those still running."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
+    return alive
+
+
+def _terminate(procs: list) -> None:
     import psutil
 
     for p in procs:
@@ -46,20 +69,47 @@ def terminate_then_kill(procs: list, grace: float) -> None:
             p.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
+
+
+def terminate_then_kill(procs: list, grace: float) -> list[str]:
+    """SIGTERM to ``procs`` (psutil processes), SIGKILL to those still running after ``grace`` s;
+    returns those killed ("pid name").
+
+    Children first: a process none of ``procs`` descends from gets SIGTERM at once, the parents of
+    others once those children stopped (or half the grace passed). A supervisor stops its children
+    itself on SIGTERM, one at a time: ``ray start --block`` gives each of its processes a second
+    and outlived a 10 s grace in every Slurm teardown; with its children gone it exits at once."""
+    import psutil
+
+    def parent(p) -> int | None:
+        try:
+            return p.ppid()
+        except psutil.Error:
+            return None
+
+    parents = {parent(p) for p in procs}
+    children = [p for p in procs if p.pid not in parents]
+    supervisors = [p for p in procs if p.pid in parents]
+    _terminate(children)
+    _wait_running(children, grace / 2)
+    _terminate(supervisors)
+    alive = _wait_running(procs, grace / 2)
+    killed = []
     for p in alive:
         try:
+            killed.append(f"{p.pid} {p.name()}")
             p.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=5)
+    _wait_running(alive, 5)
+    return killed
 
 
-def reap(tag: str, grace: float = 10.0) -> int:
-    """Terminate the tagged processes, kill what is left after ``grace`` s; the number found."""
+def reap(tag: str, grace: float = 10.0) -> tuple[int, list[str]]:
+    """Terminate the tagged processes, kill what is left after ``grace`` s; the number found and
+    those killed."""
     procs = tagged(tag)
-    terminate_then_kill(procs, grace)
-    return len(procs)
+    return len(procs), terminate_then_kill(procs, grace)
 
 
 def sweep_temp(folder: str = "/tmp") -> list[str]:
@@ -98,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (a.tag or "").strip():
         p.error("--tag must not be empty (it would match nothing, or everything)")
-    n = reap(a.tag, a.grace)
-    print(f"[reap] {os.uname().nodename}: stopped {n} process(es) of job {a.tag}", flush=True)
+    n, killed = reap(a.tag, a.grace)
+    # the ones that ignored SIGTERM: each one costs every teardown the whole grace time
+    late = f" ({len(killed)} killed after {a.grace:g} s: {', '.join(killed)})" if killed else ""
+    print(f"[reap] {os.uname().nodename}: stopped {n} process(es) of job {a.tag}{late}", flush=True)
     return 0
 
 

@@ -35,7 +35,10 @@ class RemedyStateMixin:
             if state:
                 self.load_remedy_state_dict(state)
                 logger.info(f"[avspo] restored ACR/threshold state at step {self.policy_version}")
-            if self.cfg.report.dir and self.policy_version > 0:  # steps logged after it are trained again: once
+            # steps logged after it are trained again: logged once. From no checkpoint (step 0) too: an
+            # earlier attempt that saved none (stopped by --run.max_steps before --save-steps, killed
+            # while writing its final model) is trained again from the start, and its rows go
+            if self.cfg.report.dir:
                 from avspo_openrlhf.report import JsonlLogger
 
                 dropped = JsonlLogger(self.cfg.report.dir).truncate_after(self.policy_version)
