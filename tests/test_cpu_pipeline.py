@@ -257,16 +257,14 @@ def _stop_cluster(port: int) -> None:
     """This test's Ray cluster only (`ray stop` would stop every Ray of this user on the machine)."""
     import psutil
 
+    from avspo_openrlhf.cluster.reap import terminate_then_kill
+
     mine = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if f"127.0.0.1:{port}" in cmd or f"gcs_server_port={port}" in cmd:
             mine.append(p)
-    for p in mine:
-        p.terminate()
-    _, alive = psutil.wait_procs(mine, timeout=15)
-    for p in alive:
-        p.kill()
+    terminate_then_kill(mine, 15)  # the launcher's teardown: children first, a zombie counts as stopped
     current = Path("/tmp/ray/ray_current_cluster")  # `ray start` wrote it; `ray stop` would remove it
     if current.exists() and current.read_text().strip().endswith(f":{port}"):
         current.unlink()

@@ -114,6 +114,7 @@ def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
     import http.client
     import urllib.error
     import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     err = open(tmp_path / "probe.err", "w+")
@@ -136,17 +137,21 @@ def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
         assert socks, "no listening socket found for the run's Ray processes"
         marker = tmp_path / "pwned"
         job = json.dumps({"entrypoint": f"touch {marker}", "submission_id": "probe"}).encode()
-        statuses = {}
-        for c in socks:
+
+        def post(c) -> int | None:
             host = "127.0.0.1" if c.laddr.ip in ("0.0.0.0", "::") else c.laddr.ip
             url = f"http://{host}:{c.laddr.port}/api/job_agent/jobs/"
             try:
                 with urllib.request.urlopen(urllib.request.Request(url, data=job, method="POST"), timeout=5) as r:
-                    statuses[c.laddr.port] = r.status
+                    return r.status
             except urllib.error.HTTPError as e:
-                statuses[c.laddr.port] = e.code
+                return e.code
             except (OSError, ValueError, http.client.HTTPException):  # a gRPC port: not HTTP
-                statuses[c.laddr.port] = None
+                return None
+
+        # every port at once: a gRPC port holds an HTTP request until its timeout
+        with ThreadPoolExecutor(len(socks)) as pool:
+            statuses = dict(zip((c.laddr.port for c in socks), pool.map(post, socks)))
         assert not any(s is not None and 200 <= s < 300 for s in statuses.values()), statuses
         assert 401 in statuses.values(), statuses  # the agents answered, and refused
         # a Ray client without the token is refused by the GCS (on loopback: without the switch, Ray's

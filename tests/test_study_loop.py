@@ -189,6 +189,42 @@ def test_a_killed_run_resumes_exactly(assets, tmp_path):
     assert [json.loads(x)["step"] for x in lines] == list(range(1, b["steps"] + 1))
 
 
+def test_a_checkpoint_is_the_state_when_taken_though_written_later(assets, tmp_path):
+    """The checkpoint is written in the background while training goes on: what it holds is the run
+    at the moment it was taken (a snapshot), not what the weights and the curve became before the
+    write. The writer thread is held busy here so the write comes after the changes."""
+    import threading
+
+    r = loop.Run(spec(assets, token_budget=40, final_eval=False, ckpt_every=0, mid_eval_tokens=0), tmp_path / "r")
+    r.train(log=lambda _: None)
+    weights = {k: v.clone() for k, v in r.engine.model_state().items()}
+    steps = len(r.state["curve"])
+    gate = threading.Event()
+    blocker = loop._save_in_background({}, tmp_path / "unused.pt")  # makes the writer thread
+    loop._writer.submit(gate.wait)  # the checkpoint's write waits behind this
+    r._checkpoint()
+    with torch.no_grad():
+        for p in r.policy.model.parameters():
+            p.add_(1.0)  # training goes on
+    r.state["curve"].append({"step": steps + 1})
+    gate.set()
+    r.wait_checkpoint()
+    blocker.result()
+    ck = torch.load(tmp_path / "r" / "ckpt.pt", weights_only=False)
+    assert len(ck["state"]["curve"]) == steps
+    assert all(torch.equal(ck["model"][k], v.cpu()) for k, v in weights.items())
+
+
+def test_a_snapshot_copies_every_tensor_once_and_keeps_tied_weights_tied():
+    w = torch.arange(6.0).reshape(2, 3)
+    state = {"embed": w, "lm_head": w, "moments": [w.clone()], "step": 3, "curve": [{"step": 1}]}
+    snap = loop.snapshot(state)
+    assert snap["embed"] is snap["lm_head"] and snap["embed"] is not w and torch.equal(snap["embed"], w)
+    w.add_(1.0)
+    state["curve"].append({"step": 2})
+    assert snap["embed"][0, 0] == 0.0 and snap["moments"][0][0, 0] == 0.0 and snap["curve"] == [{"step": 1}]
+
+
 def test_a_changed_spec_is_refused_in_a_run_folder(assets, tmp_path):
     loop.run(spec(assets, token_budget=40, final_eval=False), tmp_path / "r", log=lambda _: None)
     (tmp_path / "r" / "result.json").unlink()
@@ -416,14 +452,15 @@ def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path)
     assert r.returncode == 0, r.stderr
     # 120 primary runs + 36 others, every 4th from the second: 39, the first of them AVSPO seed 0
     assert "39 runs to start (shard 1/4, 0 finished): AVSPO seed 0, GRPO seed 1, DAPO-DS seed 1, " in r.stdout
-    r = _study_cmd("--dry-run", "--pilot", "--out", str(tmp_path / "o"), cwd=tmp_path)
-    assert "12 runs to start" in r.stdout, r.stderr
+    r = _study_cmd("--dry-run", "--pilot", "--ckpt-every", "0", "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert "12 runs to start" in r.stdout, r.stderr  # no checkpoints: a call whose runs all finish in it
     for args, msg in [
         (("--shard", "4/4"), "--shard"),
         (("--k", "0"), "--k must be"),
         (("--model", str(tmp_path)), "--model"),
         (("--train", "nope.jsonl"), "--train: no such file"),
         (("--budget", "0"), "token_budget"),
+        (("--ckpt-every", "-1"), "ckpt_every"),
     ]:
         r = _study_cmd("--dry-run", "--out", str(tmp_path / "o"), *args, cwd=tmp_path)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)

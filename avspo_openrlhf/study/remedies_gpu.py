@@ -693,6 +693,13 @@ class GPURemediesStudy:
             help="run only every N-th run from the I-th (a Slurm "
             "array task: $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)",
         )
+        p.add_argument(
+            "--ckpt-every",
+            type=int,
+            metavar="STEPS",
+            help="steps between a run's checkpoints (default: the study's; 0: none, for a call whose runs "
+            "all finish within it). Not part of the settings hash: runs pair whatever it was",
+        )
         p.add_argument("--model", default="smollm2", help="smollm2 | tiny | a local HF folder")
         p.add_argument("--train", help="a jsonl of training problems (problem, answer) instead of the study's pool")
         p.add_argument("--heldout", help="a jsonl of held-out problems instead of the study's set")
@@ -740,7 +747,15 @@ class GPURemediesStudy:
             settings = replace(
                 self.settings,
                 engine=args.engine,
-                **{k: v for k, v in (("token_budget", args.budget), ("reward", args.reward)) if v is not None},
+                **{
+                    k: v
+                    for k, v in (
+                        ("token_budget", args.budget),
+                        ("reward", args.reward),
+                        ("ckpt_every", args.ckpt_every),
+                    )
+                    if v is not None
+                },
             )
         except ValueError as e:
             p.error(str(e))
