@@ -201,6 +201,35 @@ def test_a_study_resumes_from_the_published_runs_alone(study, tmp_path, monkeypa
         store.collect(again, pub)
 
 
+def test_a_study_runs_what_is_neither_here_nor_published_and_publishes_each_run(study, tmp_path, monkeypatch):
+    """The study's command, training replaced by a stand-in: a run published from another machine
+    is not run again, the others start seed-major up to each method's planned seeds, and each one is
+    published as it finishes."""
+    cpu = dataclasses.replace(study, min_seeds={"GRPO": 2, "AVSPO": 1, "DAPO-DS": 0, "NGRPO": 0})
+    pub, out = tmp_path / "pub", tmp_path / "out"
+    store.publish_run({**_run("GRPO", 0, [1.0, 0.5]), **_metrics()}, pub, 4)  # made elsewhere
+    ran = []
+
+    def run_one(self, method, seed, out_, model, data, budget):
+        ran.append((method, seed))
+        (out_ / f"{method}_seed{seed}").mkdir(parents=True)
+        r = {**_run(method, seed, [0.5, 0.5]), **_metrics()}
+        (out_ / f"{method}_seed{seed}" / "result.json").write_text(json.dumps(r))
+        return r
+
+    monkeypatch.setattr(RemediesStudy, "run_one", run_one)
+    monkeypatch.setattr(RemediesStudy, "plot", lambda *a: None)
+    monkeypatch.setattr(remedies.qs, "evaluate_heldout", lambda *a: None)
+    assert cpu.main(["--out", str(out), "--publish", str(pub), "--model", str(tmp_path / "model")]) == 0
+    assert ran == [("AVSPO", 0), ("GRPO", 1)]
+    assert sorted(f.name for f in (pub / "runs").iterdir()) == [
+        "AVSPO_seed0.json",
+        "GRPO_seed0.json",
+        "GRPO_seed1.json",
+    ]
+    assert store.read_runs(pub)[1]["heldout_pass1"] == 0.75  # the published run stayed as it was
+
+
 def test_both_studies_order_and_keep_their_runs_one_way(study, tmp_path):
     """The CPU and the GPU study start their runs seed by seed (``store.seed_major``: each method up
     to its planned seeds, or every method at the seeds asked for) and publish and collect them one way

@@ -75,8 +75,8 @@ def terminate_then_kill(procs: list, grace: float) -> list[str]:
     """SIGTERM to ``procs`` (psutil processes), SIGKILL to those still running after ``grace`` s;
     returns those killed ("pid name").
 
-    Children first: a process none of ``procs`` descends from gets SIGTERM at once, the parents of
-    others once those children stopped (or half the grace passed). A supervisor stops its children
+    Children first: a process that is no other's parent among ``procs`` gets SIGTERM at once, a
+    parent once those children stopped (or half the grace passed). A supervisor stops its children
     itself on SIGTERM, one at a time: ``ray start --block`` gives each of its processes a second
     and outlived a 10 s grace in every Slurm teardown; with its children gone it exits at once."""
     import psutil
