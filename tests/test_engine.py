@@ -146,9 +146,13 @@ def test_a_killed_batch_resumes_to_the_results_it_would_have_had(assets, tmp_pat
     while not hung.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "no hang"
         time.sleep(0.05)
+    # the first checkpoints are written in the background while the second step runs: on disk before the kill
+    while not all((d / "ckpt.pt").exists() for _, d in pairs):
+        assert time.monotonic() < deadline, "the first checkpoints were never written"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert all((d / "ckpt.pt").exists() and not (d / "result.json").exists() for _, d in pairs)
+    assert not any((d / "result.json").exists() for _, d in pairs)
     again = _engine(pairs, {})
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 0 and "resumed at step" in out, out

@@ -174,9 +174,14 @@ def test_a_killed_run_resumes_exactly(assets, tmp_path):
     second = _start(s, tmp_path / "killed", {})
     out, _ = second.communicate(timeout=120)
     assert second.returncode != 0 and "in use by" in out, out
+    # step 4's checkpoint is written in the background while step 5 runs: on disk before the kill
+    ckpt = tmp_path / "killed" / "ckpt.pt"
+    while not ckpt.exists() or torch.load(ckpt, weights_only=False)["state"]["step"] != 4:
+        assert time.monotonic() < deadline, "step 4's checkpoint was never written"
+        time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
-    assert (tmp_path / "killed" / "ckpt.pt").exists() and not (tmp_path / "killed" / "result.json").exists()
+    assert ckpt.exists() and not (tmp_path / "killed" / "result.json").exists()
     again = _start(s, tmp_path / "killed", {})
     out, _ = again.communicate(timeout=300)
     assert again.returncode == 0 and "resumed at step 4" in out, out
