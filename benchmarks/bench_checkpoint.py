@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         "shape": a.shape,
         "k": a.k,
         "gb_per_run": round(gb, 3),
+        "precision": "fp32 weights and AdamW moments",
         "device": torch.cuda.get_device_name() if a.device.startswith("cuda") else cpu_kind(),
         "foreground_s": statistics.median(fg),
         "background_stall_s": statistics.median(stall),

@@ -30,11 +30,12 @@ def publish_run(r: dict, published: Path, n: int) -> Path:
 
 
 def read_runs(published: Path) -> list[dict]:
-    """The runs ``published`` holds, their per-problem records unpacked, in file order."""
+    """The runs ``published`` holds, their per-problem records unpacked, in file order (a run without
+    them is read as it is: :func:`collect` refuses it, naming it)."""
     runs = []
     for f in sorted((published / "runs").glob("*.json")):
         r = json.loads(f.read_text(encoding="utf-8"))
-        runs.append({**r, "per_problem": tables.unpack_per_problem(r["per_problem"])})
+        runs.append({**r, "per_problem": tables.unpack_per_problem(r["per_problem"])} if "per_problem" in r else r)
     return runs
 
 
