@@ -59,6 +59,37 @@ def test_a_model_the_engine_does_not_compute_is_refused_naming_why():
     assert stacked.sliding_window(cfg) is None and stacked.sliding_window(_models("llama", 1)[0]) is None
 
 
+def test_a_llama_with_biases_the_forward_lacks_is_refused_naming_the_field():
+    llama, _ = _models("llama", 1)
+    base = llama.to_dict()
+    assert not stacked.StackedConfig.from_hf(llama).qkv_bias
+    # attention_bias gives o_proj a bias too (q/k/v biases alone are Qwen2's, and computed)
+    for field in ("mlp_bias", "attention_bias"):
+        with pytest.raises(ValueError, match=f"config.{field}=True"):
+            stacked.StackedConfig.from_hf(transformers.LlamaConfig(**{**base, field: True}))
+    # a parameter the forward does not read is named (the engine refuses such a model); a tied
+    # lm_head is the embedding, read
+    qwen, (model,) = _models("qwen2", 1)
+    scfg = stacked.StackedConfig.from_hf(qwen)
+    names = [*model.state_dict(), "model.layers.0.self_attn.o_proj.bias"]
+    assert "lm_head.weight" in names and stacked.unread_params(names, scfg) == ["model.layers.0.self_attn.o_proj.bias"]
+
+
+def test_a_draw_never_takes_a_token_of_probability_zero():
+    """Inverse-CDF draws at the ends of [0, 1): u = 0 takes the first token of positive probability
+    (not token 0 at probability 0), u at or next to 1 (u x total rounding up to the total) the last."""
+    logits = torch.tensor([[float("-inf"), 0.3, -1.0, 2.0, float("-inf"), float("-inf")]]).expand(4, 6)
+    u = torch.tensor([0.0, 0.5, torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)), 1.0])
+    for temperature in (0.7, 1.0):
+        tok = stacked.draw_tokens(logits, u, temperature)
+        assert tok.tolist()[0] == 1 and tok.tolist()[2:] == [3, 3], (temperature, tok)
+    assert stacked.draw_tokens(logits, u, 0.0).tolist() == [3] * 4  # greedy: the argmax, u unread
+    # the draws follow softmax(logits / T): the empirical frequencies over many uniforms
+    probs = torch.softmax(logits[0] / 0.7, -1)
+    counts = torch.bincount(stacked.draw_tokens(logits[:1].expand(20000, 6), torch.rand(20000), 0.7), minlength=6)
+    assert torch.allclose(counts / 20000, probs, atol=0.015)
+
+
 def _batch(k: int, b: int, length: int, vocab: int, seed: int = 1):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (k, b, length), generator=g)
@@ -132,7 +163,7 @@ def test_generation_with_the_cache_equals_the_full_forward_and_ignores_the_other
             pos = (a.cumsum(-1) - 1).clamp_min(0)
             logits = stacked.forward(params, scfg, seq, a, pos, keep=1)[:, :, -1]
             cdf = torch.softmax(logits / 0.7, -1).cumsum(-1)
-            tok = torch.searchsorted(cdf, (u[..., t] * cdf[..., -1])[..., None]).squeeze(-1)
+            tok = torch.searchsorted(cdf, (u[..., t] * cdf[..., -1])[..., None], right=True).squeeze(-1)
             ended = (
                 torch.isin(seq[:, :, ids.shape[-1] :], eos).any(-1) if t else torch.zeros_like(tok, dtype=torch.bool)
             )

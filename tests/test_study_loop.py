@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import small_study
@@ -69,8 +70,8 @@ def spec(assets, method="GRPO", seed=0, arm=None, **settings) -> RunSpec:
 
 
 def trajectory(res: dict) -> dict:
-    """What a run computed, without its clocks and its resume count."""
-    drop = {"train_s", "eval_s", "resumed"}
+    """What a run computed, without its clocks, its resume count and its companions."""
+    drop = {"train_s", "eval_s", "resumed", "batch"}  # the clocks, and what shared the device
     return {
         **{k: v for k, v in res.items() if k not in drop},
         "curve": [{k: v for k, v in c.items() if k != "wall_s"} for c in res["curve"]],
@@ -377,8 +378,21 @@ def test_sign_flip_p_is_exact_beyond_twenty_pairs():
         brute = float(((signs @ torch.tensor(d, dtype=torch.float64)).abs() >= abs(sum(d)) - 1e-12).double().mean())
         assert stats.sign_flip_p(d) == pytest.approx(brute, abs=1e-15)
     assert stats.sign_flip_p([0.01] * 29) == 2 / 2**29  # all one way: only the two extreme patterns reach it
-    with pytest.raises(ValueError, match="40 pairs"):
-        stats.sign_flip_p([1.0] * 41)
+
+
+def test_sign_flip_p_beyond_forty_pairs_draws_patterns_and_agrees_with_the_exact_one():
+    """Beyond 40 pairs the exact count would hold 2 x 2^21 sums: 2^20 random patterns instead, a valid
+    permutation p ((1 + reaching) / (1 + draws)); at 40 pairs it agrees with the exact p."""
+    rng = torch.Generator().manual_seed(1)
+    d = (torch.randn(40, generator=rng) * 0.07 + 0.02).tolist()
+    exact = stats.sign_flip_p(d)
+    drawn = stats._sign_flip_p_drawn(np.asarray(d), abs(sum(d)) - 1e-12, seed=0)
+    se = math.sqrt(exact * (1 - exact) / stats.SIGN_FLIP_DRAWS)
+    assert 0.01 < exact < 0.99 and abs(drawn - exact) < 4 * se + 1e-6
+    more = d + [0.03, -0.01, 0.05]
+    p = stats.sign_flip_p(more)
+    assert p == stats.sign_flip_p(more) and 0 < p < 1  # seeded: the same p for the same differences
+    assert stats.sign_flip_p([0.01] * 48) == 1 / (1 + stats.SIGN_FLIP_DRAWS)  # nothing drawn reaches it
 
 
 def _study(**kw) -> GPURemediesStudy:
@@ -433,9 +447,11 @@ def test_the_report_is_generated_from_the_runs(tmp_path):
     assert sorted((r["method"], r["seed"]) for r in collected) == sorted((r["method"], r["seed"]) for r in runs)
     assert {r["seed"]: r["per_problem"] for r in collected if r["method"] == "AVSPO"}[0] == {i: 0.75 for i in IDS}
     text = st.report(collected, tmp_path / "pub")
-    assert "| AVSPO | 3 (3) | 75.0 ± 0.0 | +25.0 [+25.0, +25.0], p 0.250 (3) | 0.500 |" in text
-    # tokens to target: a censored median over every seed (AVSPO never reached 50 %: beyond the budget)
-    assert "| GRPO | 10.0 ± 0.0 | 1,000 ± 0 | 1,000 (3/3) |" in text and "> 1,000 (0/3)" in text
+    # Holm over AVSPO and DAPO-DS (no runs: p = 1): AVSPO's p 2/8 ranks first, x 2; its interval at 1 - 0.05 / 2
+    assert "| AVSPO | 3 (3) | 75.0 ± 0.0 | 10.0 ± 0.0 | +25.0 [+25.0, +25.0] at 97.5 % (3) | 0.500 |" in text
+    # tokens to target: the tokens generated when the evaluation that reached it ran (1,010, not its milestone
+    # 1,000), a censored median over every seed (AVSPO never reached 50 %: beyond the budget)
+    assert "| GRPO | 10.0 ± 0.0 | 1,000 ± 0 | - | 1,010 (3/3) |" in text and "> 1,000 (0/3)" in text
     assert "NVIDIA H100 80GB HBM3 (6 runs)" in text and "StudySettings hash h1" in text
     summary = json.loads((tmp_path / "pub" / "results.json").read_text())["summary"]
     assert summary["AVSPO"]["vs_GRPO"]["seeds"] == 3 and (tmp_path / "pub" / "accuracy_vs_tokens.png").exists()
@@ -455,8 +471,9 @@ def _study_cmd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path):
     r = _study_cmd("--dry-run", "--out", str(tmp_path / "o"), "--shard", "1/4", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    # 120 primary runs + 36 others, every 4th from the second: 39, the first of them AVSPO seed 0
-    assert "39 runs to start (shard 1/4, 0 finished): AVSPO seed 0, GRPO seed 1, DAPO-DS seed 1, " in r.stdout
+    # 4 x 37 primary runs + 48 others, every 4th from the second: 49; seed by seed over the four primary arms,
+    # so this shard's primary runs are AVSPO's
+    assert "49 runs to start (shard 1/4, 0 finished): AVSPO seed 0, AVSPO seed 1, AVSPO seed 2, " in r.stdout
     r = _study_cmd("--dry-run", "--pilot", "--ckpt-every", "0", "--out", str(tmp_path / "o"), cwd=tmp_path)
     assert "12 runs to start" in r.stdout, r.stderr  # no checkpoints: a call whose runs all finish in it
     for args, msg in [
@@ -484,7 +501,8 @@ def test_the_slurm_array_script_runs_its_share(tmp_path):
     script = str(REPO / "launch_scripts" / "slurm" / "remedies_study.sbatch")
     r = subprocess.run(["bash", script, "--dry-run"], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "20 runs to start (shard 2/8, 0 finished): sign seed 0, GRPO seed 2, " in r.stdout
+    # 196 runs, every 8th from the third: seed by seed over four primary arms, this share's primary runs are sign's
+    assert "25 runs to start (shard 2/8, 0 finished): sign seed 0, sign seed 2, " in r.stdout
 
 
 def test_the_study_needs_no_ray_vllm_deepspeed_or_openrlhf():
@@ -530,6 +548,21 @@ def test_no_run_starts_after_the_time_given(assets, tmp_path):
     jobs = [Job(spec(assets, token_budget=40), tmp_path / "a")]
     assert run_jobs(jobs, 1, threads=1, env=ENV, log=log.append, start_until=time.monotonic() - 1) == []
     assert not jobs[0].done() and "no new run after the time given: 1 left" in log[0]
+
+
+def test_a_launch_starts_only_when_it_is_expected_to_end_by_the_time_given():
+    """--finish-by: a launch is expected to take as long as the longest one so far (or --batch-minutes
+    before any ended); it starts only if it would end in time, so a slot's runs finish, not get cut."""
+    from avspo_openrlhf.study.scheduler import Deadline
+
+    now = time.monotonic()
+    assert Deadline(finish_by=now + 600).why_not() is None  # nothing known: the first starts
+    assert "more than is left" in Deadline(finish_by=now + 600, first_s=900).why_not()
+    d = Deadline(finish_by=now + 600, first_s=60)
+    assert d.why_not() is None
+    d.ended(700)  # the first launch took longer than estimated: the estimate follows it
+    assert "~11.7 min" in d.why_not()
+    assert "no new run" in Deadline(start_until=now - 1).why_not()
 
 
 def test_the_bf16_autocast_path_the_gpu_takes_runs_here(assets, tmp_path):

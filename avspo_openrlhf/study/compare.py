@@ -34,11 +34,29 @@ RESULT_SCHEMA = {
 CURVE_KEYS = ("step", "tokens", "wall_s", "reward", "acr", "acr_effective")
 
 
+# A run that failed for good (the GPU study's rule, fixed before its runs: its own error in two launches)
+# is kept as a record that says so and carries the score the rule gives it; it is never replaced.
+FAILED_SCHEMA = {
+    "method": RESULT_SCHEMA["method"],
+    "seed": RESULT_SCHEMA["seed"],
+    "failed": "True: the run failed for good",
+    "error": "the last line of its last error",
+    "heldout_pass1": "the score the study's rule gives a failed run (its last mid-run evaluation, or 0)",
+    "score_rule": "where that score comes from, in words",
+}
+
+
+def failed(r: dict) -> bool:
+    """A record of a run that failed for good (:data:`FAILED_SCHEMA`), not a finished run."""
+    return bool(r.get("failed"))
+
+
 def check_results(results: list[dict], where: str) -> None:
     """Refuse, naming the run and the keys, a result without :data:`RESULT_SCHEMA`'s keys (a file from
-    another tool or version): a report built on it would be wrong where it is silent."""
+    another tool or version; a failed run's record: :data:`FAILED_SCHEMA`'s): a report built on it
+    would be wrong where it is silent."""
     for r in results:
-        missing = [k for k in RESULT_SCHEMA if k not in r]
+        missing = [k for k in (FAILED_SCHEMA if failed(r) else RESULT_SCHEMA) if k not in r]
         curve = r.get("curve") or []
         missing += [f"curve[].{k}" for k in CURVE_KEYS if curve and k not in curve[-1]]
         if missing:
@@ -57,14 +75,18 @@ def per_seed_diffs(
     a = {r["seed"]: r for r in results if r["method"] == method}
     b = {r["seed"]: r for r in results if r["method"] == base}
     seeds = sorted(set(a) & set(b))
-    if not seeds:
-        return {}
-    ids = set.intersection(*(set(a[s]["per_problem"]) & set(b[s]["per_problem"]) for s in seeds))
+    whole = [s for s in seeds if not (failed(a[s]) or failed(b[s]))]
+    if not seeds or (keep is not None and len(whole) < len(seeds)):
+        return {}  # a failed run has no per-problem records: no per-level or subset difference
+    ids = set.intersection(*(set(a[s]["per_problem"]) & set(b[s]["per_problem"]) for s in whole)) if whole else set()
     ids = sorted(i for i in ids if keep is None or keep(i))
-    if not ids:
+    if whole and not ids:
         return {}
     out = {}
     for s in seeds:
+        if s not in whole:  # the rule's score of a failed run against the other's held-out pass@1
+            out[s] = a[s]["heldout_pass1"] - b[s]["heldout_pass1"]
+            continue
         pa, pb = a[s]["per_problem"], b[s]["per_problem"]
         levels: dict[str, list[float]] = {}
         for uid in ids:
@@ -95,6 +117,7 @@ def paired(
         "halfwidth": (hi - lo) / 2,
         "p_sign_flip": stats.sign_flip_p(per_seed),
         "seed_list": list(d),
+        "per_seed": per_seed,
         "correlation": r["r"],
     }
 

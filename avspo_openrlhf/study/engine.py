@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from avspo_openrlhf.study import stacked
-from avspo_openrlhf.study.loop import Generate, Policy, Run, RunSpec, Update, token_logprobs_entropy
+from avspo_openrlhf.study.loop import Generate, Policy, Run, RunSpec, Update, note_failure, token_logprobs_entropy
 
 
 class RunView:
@@ -41,6 +41,13 @@ class RunView:
     def __init__(self, engine: StackedEngine, k: int):
         self.engine, self.k = engine, k
         self.policy = engine.shell
+
+    @property
+    def batch(self) -> dict:
+        """What shared the device with this run (its result records it: a wall time is an arm's cost only
+        beside runs of its own arm)."""
+        methods = sorted({spec.method for spec in self.engine.specs})
+        return {"engine": "stacked", "runs_at_once": len(self.engine.specs), "methods": methods}
 
     def model_state(self) -> dict:
         return stacked.unstack(self.engine.params, self.k)
@@ -68,6 +75,7 @@ class StackedEngine:
                     f"{spec.method} seed {spec.seed}: the runs of one batch share the model and the "
                     "settings (arm, seed and lr may differ)"
                 )
+        self.specs = specs
         s = self.settings = first.settings
         if s.engine != "stacked":
             raise ValueError(f"StudySettings.engine is {s.engine!r}: these runs are the process engine's")
@@ -77,6 +85,13 @@ class StackedEngine:
         model = AutoModelForCausalLM.from_pretrained(first.model, dtype=torch.float32)
         self.cfg = stacked.StackedConfig.from_hf(model.config)
         state = model.state_dict()
+        buffers = {n for n, _ in model.named_buffers()}  # rotary frequencies: computed, not weights
+        unread = stacked.unread_params([n for n in state if n not in buffers], self.cfg)
+        if unread:
+            raise ValueError(
+                f"{first.model}: the stacked engine's forward does not read {len(unread)} of its parameters "
+                f"(first: {', '.join(unread[:5])}); it would train without them"
+            )
         del model
         self.params = stacked.stack([state] * len(specs), self.cfg, self.shell.device)
         lrs = torch.tensor([spec.arm.lr if spec.arm.lr is not None else s.lr for spec in specs])
@@ -100,6 +115,7 @@ class StackedEngine:
         self.dirs[k].mkdir(parents=True, exist_ok=True)
         with open(self.dirs[k] / "log.txt", "a", encoding="utf-8") as f:
             f.write(text)
+        note_failure(self.dirs[k], self.failed[k])  # the run's own error: a study's rule counts its launches
         self.log(f"[{spec.method} seed {spec.seed}] failed: {self.failed[k]}")
         self.runs.pop(k, None)
 
@@ -132,6 +148,8 @@ class StackedEngine:
                 torch.cuda.synchronize()
             self.timing[f"{phase}_s"] += time.perf_counter() - t0
             self.timing[f"{phase}_calls"] += 1
+            for k in self.failed:  # a run that failed in the batched call has no answer and asks no more
+                pending.pop(k, None)
             for k, answer in answers.items():
                 self._advance(k, lives, pending, results, answer)
         return results
@@ -156,13 +174,19 @@ class StackedEngine:
         for k, q in requests.items():
             groups.setdefault((q.max_new_tokens, q.temperature), []).append(k)
         for (T, temperature), ks in groups.items():
-            enc, uniforms, parts = {}, {}, {k: [] for k in ks}
+            enc, uniforms = {}, {}
             for k in ks:
                 q = requests[k]
-                ids, attn = self.shell.encode(q.problems)
-                enc[k] = (ids.repeat_interleave(q.n, 0), attn.repeat_interleave(q.n, 0))
-                g = torch.Generator().manual_seed(q.seed)
-                uniforms[k] = torch.rand(enc[k][0].shape[0], T, generator=g)
+                try:  # a request this run's data makes bad (a problem that cannot be encoded) is its failure alone
+                    ids, attn = self.shell.encode(q.problems)
+                    enc[k] = (ids.repeat_interleave(q.n, 0), attn.repeat_interleave(q.n, 0))
+                    uniforms[k] = stacked.draw_uniforms(q.seed, enc[k][0].shape[0], T)
+                except Exception:
+                    self._fail(k, self.runs[k].spec)
+            ks = [k for k in ks if k in enc]
+            if not ks:
+                continue
+            parts = {k: [] for k in ks}
             step = min(requests[k].batch for k in ks)
             longest = max(enc[k][0].shape[0] for k in ks)
             for start in range(0, longest, step):
@@ -196,7 +220,10 @@ class StackedEngine:
                     n = rows[k].stop - rows[k].start
                     parts[k].append((enc[k][0][rows[k]], enc[k][1][rows[k]], comp[i, :n]))
             for k in ks:
-                out[k] = self.shell.rollout(parts[k])
+                try:
+                    out[k] = self.shell.rollout(parts[k])
+                except Exception:
+                    self._fail(k, self.runs[k].spec)
         return out
 
     def _params_of(self, ks: list[int]) -> dict[str, torch.Tensor]:
@@ -214,14 +241,32 @@ class StackedEngine:
     def _update(self, requests: dict[int, Update]) -> dict[int, dict]:
         """One batched forward and backward over every updating run's batch (micro-batched over its
         sequences), then one per-run AdamW step: each run's loss is - mean over its completion tokens
-        of A * log pi_T, its gradient clipped on its own, its step skipped when not finite."""
+        of A * log pi_T, its gradient clipped on its own, its step skipped when its gradient or its
+        completion-token entropies are not finite (then without token advantages: RL-ZVP's raise on
+        them). A run whose own part raises (its rows, its token advantages, its metrics) fails alone."""
         s = self.settings
-        ks = sorted(requests)
+        rows = {}
+        for k in sorted(requests):
+            q = requests[k]
+            try:  # this run's rows on the CPU: ids, attn [b, Lp_k + Tc_k], mask [b, Tc_k], adv [b], sign [b]
+                r, b = q.ro, q.ro.ids.shape[0]
+                adv_k = q.adv.reshape(-1).cpu().float()
+                sign_k = torch.zeros(b, dtype=torch.int8) if q.sign is None else q.sign.reshape(-1).cpu().to(torch.int8)
+                if r.attn.shape != r.ids.shape or r.mask.shape[0] != b or len(adv_k) != b or len(sign_k) != b:
+                    raise ValueError(
+                        f"Update: ro.ids {tuple(r.ids.shape)}, ro.attn {tuple(r.attn.shape)}, ro.mask "
+                        f"{tuple(r.mask.shape)}, adv {tuple(q.adv.shape)} and sign {tuple(sign_k.shape)} do not match"
+                    )
+                rows[k] = (r.ids.cpu(), r.attn.cpu(), r.mask.cpu().float(), adv_k, sign_k)
+            except Exception:
+                self._fail(k, self.runs[k].spec)
+        ks = sorted(rows)
+        if not ks:
+            return {}
         R = len(ks)
-        ro = {k: requests[k].ro for k in ks}
-        Lp = max(ro[k].ids.shape[1] - ro[k].mask.shape[1] for k in ks)
-        Tc = max(ro[k].mask.shape[1] for k in ks)
-        B = max(ro[k].ids.shape[0] for k in ks)
+        Lp = max(r[0].shape[1] - r[2].shape[1] for r in rows.values())
+        Tc = max(r[2].shape[1] for r in rows.values())
+        B = max(r[0].shape[0] for r in rows.values())
         pad = self.shell.tok.pad_token_id
         ids = torch.full((R, B, Lp + Tc), pad, dtype=torch.long)
         attn = torch.zeros(R, B, Lp + Tc, dtype=torch.long)
@@ -229,14 +274,12 @@ class StackedEngine:
         adv = torch.zeros(R, B)
         sign = torch.zeros(R, B, dtype=torch.int8)
         for i, k in enumerate(ks):
-            r = ro[k]
-            b, lp_k, tc_k = r.ids.shape[0], r.ids.shape[1] - r.mask.shape[1], r.mask.shape[1]
-            ids[i, :b, Lp - lp_k : Lp + tc_k] = r.ids.cpu()
-            attn[i, :b, Lp - lp_k : Lp + tc_k] = r.attn.cpu()
-            mask[i, :b, :tc_k] = r.mask.cpu().float()
-            adv[i, :b] = requests[k].adv.cpu().float()
-            if requests[k].sign is not None:
-                sign[i, :b] = requests[k].sign.cpu()
+            r_ids, r_attn, r_mask, r_adv, r_sign = rows[k]
+            (b, tc_k), lp_k = r_mask.shape, r_ids.shape[1] - r_mask.shape[1]
+            ids[i, :b, Lp - lp_k : Lp + tc_k] = r_ids
+            attn[i, :b, Lp - lp_k : Lp + tc_k] = r_attn
+            mask[i, :b, :tc_k] = r_mask
+            adv[i, :b], sign[i, :b] = r_adv, r_sign
         dev = self.shell.device
         ids, attn, mask, adv = ids.to(dev), attn.to(dev), mask.to(dev), adv.to(dev)
         pos = (attn.cumsum(-1) - 1).clamp_min(0)
@@ -258,41 +301,56 @@ class StackedEngine:
                 logits = stacked.forward(params, self.cfg, ids[:, sl], attn[:, sl], pos[:, sl], keep=Tc + 1)[:, :, :-1]
             lp, ent = token_logprobs_entropy(logits, ids[:, sl, -Tc:], s.temperature, True)
             m = mask[:, sl]
+            finite["ent"] &= torch.where(m > 0, ent, 0.0).isfinite().all(-1).all(-1).cpu()
             a = adv[:, sl, None].expand_as(lp).clone()
             for i in token_runs:
-                extra = ctrls[i].token_advantages(ent[i], m[i], sign[i, sl].to(ent.device))
+                if not finite["ent"][i] or ks[i] in self.failed:  # its step is skipped, or it has failed
+                    continue
+                try:
+                    extra = ctrls[i].token_advantages(ent[i], m[i], sign[i, sl].to(ent.device))
+                except Exception:
+                    self._fail(ks[i], self.runs[ks[i]].spec)
+                    continue
                 a[i] = a[i] + extra
                 acc["tok"][i] += float((extra.abs() * m[i]).sum())
+            # every op is per run, so each run's weights get the gradient of its own loss alone: a run's
+            # NaN stays in its own gradient (and its step is skipped)
             per_run = -torch.where(m > 0, a.detach() * lp, 0.0).sum((1, 2)) / totals
             per_run.sum().backward()
             acc["loss"] += per_run.detach().float().cpu()
             acc["ent"] += torch.where(m > 0, ent, 0.0).sum((1, 2)).float().cpu()
             finite["loss"] &= torch.isfinite(per_run.detach()).cpu()
             finite["lp"] &= torch.where(m > 0, lp.detach(), 0.0).isfinite().all(-1).all(-1).cpu()
-            finite["ent"] &= torch.where(m > 0, ent, 0.0).isfinite().all(-1).all(-1).cpu()
         active = torch.zeros(len(self.dirs), dtype=torch.bool)
-        active[ks] = True
+        active[ks] = finite["ent"] & torch.tensor([k not in self.failed for k in ks])
         norms, stepped = self.opt.step(s.grad_clip, active)
         out = {}
         for i, k in enumerate(ks):
-            o = {
-                "loss": float(acc["loss"][i]),
-                "entropy": float(acc["ent"][i] / totals[i].cpu()),
-                "grad_norm": float(norms[k]),
-                "update_skipped": int(not stepped[k]),
-            }
-            if ctrls[i].needs_entropy:
-                o["token_adv_abs_mean"] = float(acc["tok"][i] / totals[i].cpu())
-            if not stepped[k]:
-                bad = [n for n, p in self.params.items() if p.grad is not None and not torch.isfinite(p.grad[k]).all()]
-                o["diagnosis"] = {
-                    "loss_finite": bool(finite["loss"][i]),
-                    "logprobs_finite": bool(finite["lp"][i]),
-                    "entropy_finite": bool(finite["ent"][i]),
-                    "nonfinite_grads": len(bad),
-                    "first_nonfinite_grads": bad[:5],
+            if k in self.failed:
+                continue
+            try:
+                o = {
+                    "loss": float(acc["loss"][i]),
+                    "entropy": float(acc["ent"][i] / totals[i].cpu()),
+                    "grad_norm": float(norms[k]),
+                    "update_skipped": int(not stepped[k]),
                 }
-            out[k] = o
+                if ctrls[i].needs_entropy:
+                    o["token_adv_abs_mean"] = float(acc["tok"][i] / totals[i].cpu())
+                if not stepped[k]:
+                    bad = [
+                        n for n, p in self.params.items() if p.grad is not None and not torch.isfinite(p.grad[k]).all()
+                    ]
+                    o["diagnosis"] = {
+                        "loss_finite": bool(finite["loss"][i]),
+                        "logprobs_finite": bool(finite["lp"][i]),
+                        "entropy_finite": bool(finite["ent"][i]),
+                        "nonfinite_grads": len(bad),
+                        "first_nonfinite_grads": bad[:5],
+                    }
+                out[k] = o
+            except Exception:
+                self._fail(k, self.runs[k].spec)
         self.opt.zero_grad()
         return out
 

@@ -43,8 +43,6 @@ import argparse
 import contextlib
 import copy
 import dataclasses
-import functools
-import hashlib
 import importlib
 import json
 import os
@@ -72,10 +70,22 @@ from avspo_openrlhf.algo import (
     zero_variance_sign,
 )
 from avspo_openrlhf.data.io import DataError, iter_raw
-from avspo_openrlhf.data.tasks import TEMPLATES, make_prompt
+from avspo_openrlhf.data.tasks import TEMPLATES
 from avspo_openrlhf.folder_lock import lock_folder
 from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
-from avspo_openrlhf.study.stacked import sliding_window
+from avspo_openrlhf.study.fingerprint import (
+    chat_prompts,
+    code_fingerprint,
+    device_kind,
+    file_sha256,
+    model_fingerprint,
+    prompts_fingerprint,
+    settings_difference,  # noqa: F401  re-exported: remedies_gpu and the tests import it from here
+    settings_hash,
+    tokenizer_fingerprint,
+    versions,
+)
+from avspo_openrlhf.study.stacked import draw_tokens, draw_uniforms, sliding_window
 from avspo_openrlhf.trainer.plugins import load_plugins
 
 # what an arm trains on: the task's verifier; a fair coin per completion (the noise floor: with ratio 1
@@ -175,6 +185,9 @@ class StudySettings:
     mid_eval_tokens: int = 0  # generated tokens between mid-run evaluations (0: none): the same milestones in every arm
     mid_eval_problems: int = 200  # the first this many held-out problems, at n = 2
     final_eval: bool = True  # False: train only (the throughput measurement)
+    # beside pass@1 at eval_temperature, one greedy completion per held-out problem: a secondary reading
+    # (sampling at T rewards a sharpened policy; greedy accuracy does not depend on it)
+    greedy_eval: bool = True
     ckpt_every: int = 10  # steps between checkpoints (0: none)
     micro_batch: int = 16  # sequences per forward/backward (activations, not the logits, bound the memory)
     gen_batch: int = 512  # sequences per generate call (rollouts and evaluation)
@@ -264,82 +277,34 @@ class RunSpec:
         return cls(**{**d, "arm": Arm(**d["arm"]), "settings": StudySettings(**d["settings"])})
 
     def settings_record(self) -> dict:
-        """Everything a run depends on except its arm and seed, with the files named by their content:
-        two runs pair only when these are equal (:func:`settings_hash`)."""
+        """Everything a run depends on except its arm and seed, each part by what it computes (weights,
+        vocabulary, rendered prompts; ``study/fingerprint.py``): two runs pair only when these are equal
+        (:func:`settings_hash`)."""
         s = dataclasses.asdict(self.settings)
         for name in PERFORMANCE_ONLY:  # they change how fast, not what is computed
             s.pop(name)
         return {
             "settings": s,
+            "semantics": LOOP_SEMANTICS,
             "model": model_fingerprint(self.model),
+            "tokenizer": tokenizer_fingerprint(self.model),
+            "prompts": prompts_fingerprint(self.model, self.settings.template, self.train, self.heldout),
             "train": file_sha256(self.train),
             "heldout": file_sha256(self.heldout),
             "plugins": list(self.plugins),
-            "code": code_fingerprint(),
+            "versions": versions(),
+            "device_kind": device_kind(device_name(device_and_dtype(self.settings)[0])),
         }
 
+
+# What a run computes, bumped by hand whenever the loop's meaning changes (a fix of the loop or of a remedy,
+# another loss or sampling), so runs of the old meaning never pair with new ones; a docstring or a refactor
+# that computes the same does not bump it. The code's hash is recorded beside, as information.
+LOOP_SEMANTICS = 1
 
 # StudySettings fields that change the speed or memory of a run, not its semantics (a micro-batch changes
 # the floating-point rounding of a gradient sum, no more): left out of the pairing hash
 PERFORMANCE_ONLY = ("micro_batch", "gen_batch", "ckpt_every")
-
-
-def settings_hash(record: dict) -> str:
-    """A short hash of :meth:`RunSpec.settings_record` (and of the run's compute precision, which the
-    study adds): runs pair only when it is equal."""
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def settings_difference(a: dict, b: dict, prefix: str = "") -> list[str]:
-    """The fields where two settings records differ, ``name: a vs b`` (nested fields dotted)."""
-    out = []
-    for k in sorted(set(a) | set(b)):
-        x, y = a.get(k), b.get(k)
-        if isinstance(x, dict) and isinstance(y, dict):
-            out += settings_difference(x, y, f"{prefix}{k}.")
-        elif x != y:
-            out.append(f"{prefix}{k}: {x!r} vs {y!r}")
-    return out
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
-
-
-@functools.lru_cache(maxsize=8)
-def model_fingerprint(model: str) -> str:
-    """A hash of a model folder's config, tokenizer and weight files (their content): the folder's
-    path is not part of it, so two machines with the same model pair."""
-    folder = Path(model)
-    if not folder.is_dir():
-        return f"name:{model}"
-    h = hashlib.sha256()
-    for f in sorted(folder.iterdir()):
-        if f.is_file() and f.suffix in (".json", ".safetensors", ".bin", ".model", ".txt"):
-            h.update(f.name.encode())
-            h.update(file_sha256(f).encode())
-    return h.hexdigest()[:16]
-
-
-# the code a run's numbers depend on: the loop, the algorithm, the rewards (not the docs, not the report)
-_CODE = ("study/loop.py", "study/controls.py", "study/engine.py", "study/stacked.py", "algo", "rewards")
-
-
-@functools.lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """A hash of the source a run's numbers depend on (:data:`_CODE`): a fix of the loop or of a remedy
-    makes new runs that do not pair with the old ones; a change of the docs or of the report does not."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for part in _CODE:
-        for f in sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]:
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def code_commit() -> str:
@@ -418,6 +383,21 @@ def completion_mask(comp: torch.Tensor, eos_ids: torch.Tensor) -> torch.Tensor:
     return ((is_eos.cumsum(-1) - is_eos) == 0).long()
 
 
+class DrawnToken:
+    """A transformers logits processor: the scores made one-hot (0 at one token, -inf elsewhere) at
+    ``stacked.draw_tokens``' draw from them with the rows' uniforms ``[B, T]`` of this step; greedy
+    search then emits that token. ``prompt_width``: the prompts' padded length (step = length - it)."""
+
+    def __init__(self, uniforms: torch.Tensor, temperature: float, prompt_width: int):
+        self.uniforms, self.temperature, self.prompt_width = uniforms, temperature, prompt_width
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        # a deferred stop check (transformers on some devices) runs one step past the last, then undoes it
+        t = min(input_ids.shape[1] - self.prompt_width, self.uniforms.shape[1] - 1)
+        tok = draw_tokens(scores, self.uniforms[:, t], self.temperature)
+        return torch.full_like(scores, float("-inf")).scatter_(-1, tok[:, None], 0.0)
+
+
 @dataclass
 class Rollout:
     """Completions of ``P`` prompts, ``n`` each; row ``i * n + j`` is completion ``j`` of prompt ``i``."""
@@ -462,11 +442,7 @@ class Policy:
         return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
 
     def chats(self, problems: list[str]) -> list[str]:
-        tok = self.tok
-        return [
-            p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-            for p in (make_prompt(q, self.template) for q in problems)
-        ]
+        return chat_prompts(self.tok, problems, self.template)  # what the prompts' hash renders too
 
     def encode(self, problems: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded prompt ids and attention mask ``[P, Lp]`` on the run's device."""
@@ -500,26 +476,33 @@ class Policy:
         return Rollout(ids, attn, mask, texts, torch.cat(trunc).cpu())
 
     @torch.no_grad()
-    def generate(self, problems: list[str], n: int, max_new_tokens: int, temperature: float, batch: int) -> Rollout:
-        """``n`` sampled completions of each problem, ``batch`` sequences per ``generate`` call."""
-        per_call = max(1, batch // n)
+    def generate(
+        self, problems: list[str], n: int, max_new_tokens: int, temperature: float, batch: int, seed: int = 0
+    ) -> Rollout:
+        """``n`` completions of each problem (rows: each problem repeated ``n`` times), ``batch`` rows
+        per ``generate`` call. Sampled as the stacked engine samples: row b's token t is the inverse-CDF
+        draw of uniform ``[b, t]`` of ``seed`` (``stacked.draw_uniforms``, ``stacked.draw_tokens``;
+        temperature 0: greedy), so a row's tokens do not depend on ``batch`` nor on the other rows."""
+        from transformers import LogitsProcessorList
+
+        ids, attn = self.encode(problems)  # padded as the stacked engine pads: one width for all rows
+        ids, attn = ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0)
+        uniforms = draw_uniforms(seed, ids.shape[0], max_new_tokens).to(self.device)
         parts = []
         self.model.eval()
-        for i in range(0, len(problems), per_call):
-            ids, attn = self.encode(problems[i : i + per_call])
+        for i in range(0, ids.shape[0], batch):
+            rows = slice(i, i + batch)
             with self.autocast():
                 out = self.model.generate(
-                    input_ids=ids,
-                    attention_mask=attn,
-                    do_sample=True,
-                    temperature=temperature,
-                    top_p=1.0,
-                    top_k=0,
+                    input_ids=ids[rows],
+                    attention_mask=attn[rows],
+                    do_sample=False,  # greedy on the scores DrawnToken made one-hot at its draw
+                    logits_processor=LogitsProcessorList([DrawnToken(uniforms[rows], temperature, ids.shape[1])]),
                     max_new_tokens=max_new_tokens,
-                    num_return_sequences=n,
+                    eos_token_id=self.eos_ids.tolist(),  # the stacked engine's: a row ends at any of them
                     pad_token_id=self.tok.pad_token_id,
                 )
-            parts.append((ids.repeat_interleave(n, 0), attn.repeat_interleave(n, 0), out[:, ids.shape[1] :]))
+            parts.append((ids[rows], attn[rows], out[:, ids.shape[1] :]))
         return self.rollout(parts)
 
     def logprobs_entropy(
@@ -554,8 +537,9 @@ class Policy:
 
 @dataclass
 class Generate:
-    """Sample ``n`` completions of each problem at ``temperature``, ``max_new_tokens`` at most, with
-    the random numbers of ``seed`` alone (common random numbers), ``batch`` sequences per call."""
+    """Sample ``n`` completions of each problem at ``temperature`` (0: greedy), ``max_new_tokens`` at
+    most, with the random numbers of ``seed`` alone (common random numbers: ``stacked.draw_uniforms``,
+    the same in both engines), ``batch`` sequences per call."""
 
     problems: list[str]
     n: int
@@ -587,11 +571,10 @@ class HFEngine:
         self.optimizer = torch.optim.AdamW(self.policy.model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     def serve(self, req):
-        if isinstance(req, Generate):
-            devices = [self.policy.device] if self.policy.device.type == "cuda" else []
-            with torch.random.fork_rng(devices=devices):
-                torch.manual_seed(req.seed)
-                return self.policy.generate(req.problems, req.n, req.max_new_tokens, req.temperature, req.batch)
+        if isinstance(req, Generate):  # its draws from the request's seed alone, not the global RNG
+            return self.policy.generate(
+                req.problems, req.n, req.max_new_tokens, req.temperature, req.batch, seed=req.seed
+            )
         return self._update(req)
 
     def model_state(self) -> dict:
@@ -625,7 +608,8 @@ class HFEngine:
             lp, ent = self.policy.logprobs_entropy(ro.ids[sl], ro.attn[sl], width_c, True, s.temperature, autocast)
             m = mask[sl]
             a = adv[sl, None].expand_as(lp)
-            if ctrl.needs_entropy:
+            out["entropy_finite"] &= bool(torch.isfinite(ent[m > 0]).all())
+            if ctrl.needs_entropy and out["entropy_finite"]:  # else the step is skipped (and RL-ZVP's would raise)
                 tok_adv = ctrl.token_advantages(ent, m, sign[sl].to(ent.device))
                 a = a + tok_adv
                 out["tok_adv_sum"] += float((tok_adv.abs() * m).sum())
@@ -636,14 +620,14 @@ class HFEngine:
             out["entropy_sum"] += float(torch.where(m > 0, ent, 0.0).sum())
             out["loss_finite"] &= bool(torch.isfinite(loss))
             out["logprobs_finite"] &= bool(torch.isfinite(lp[m > 0]).all())
-            out["entropy_finite"] &= bool(torch.isfinite(ent[m > 0]).all())
         out["total"] = float(total)
         return out
 
     def _update(self, req: Update) -> dict:
-        """One AdamW step, or none when the gradient is not finite: the step is skipped, and what was
-        not finite diagnosed (the forward's outputs, the first parameters whose gradient is not
-        finite, whether the gradient computed without autocast is finite: a bf16 effect or not)."""
+        """One AdamW step, or none when the gradient or the completion tokens' entropies are not finite:
+        the step is skipped, and what was not finite diagnosed (the forward's outputs, the first
+        parameters whose gradient is not finite, whether the gradient computed without autocast is
+        finite: a bf16 effect or not)."""
         s = self.settings
         self.policy.model.train()
         adv = req.adv.reshape(-1).to(self.policy.device)
@@ -657,7 +641,7 @@ class HFEngine:
         }
         if self.controller.needs_entropy:
             out["token_adv_abs_mean"] = b["tok_adv_sum"] / b["total"]
-        if torch.isfinite(grad_norm):
+        if torch.isfinite(grad_norm) and b["entropy_finite"]:
             self.optimizer.step()
             return out
         bad = [
@@ -773,6 +757,17 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def note_failure(run_dir: Path, error: str) -> dict:
+    """Record in ``failure.json`` that the run in ``run_dir`` stopped on an error of its own (a raise in
+    its logic or its part of a batched call; not a crash of the process it shared): the launches that
+    ended so, and the last error. A study's rule reads it (``remedies_gpu.FAIL_ATTEMPTS``)."""
+    path = Path(run_dir) / "failure.json"
+    old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"attempts": 0}
+    record = {"attempts": int(old["attempts"]) + 1, "error": error.strip().splitlines()[-1][:500], "time": time.time()}
+    atomic_write(path, json.dumps(record))
+    return record
+
+
 def snapshot(obj, _copies: dict | None = None):
     """A copy of a checkpoint's contents that training can no longer change: tensors copied to host
     memory (whatever their device; two views of one memory, tied weights, stay one copy), containers
@@ -836,10 +831,12 @@ def tensorboard_writer(folder: Path):
 # ── evaluation ──
 
 
-def evaluate(rows: list[dict], n: int, s: StudySettings, score, seed: int):
-    """Per-problem accuracy over ``n`` samples (``unique_id -> correct / n``), under its own seed and
-    outside the training random stream (a generator of one :class:`Generate` request)."""
-    ro = yield Generate([r["problem"] for r in rows], n, s.max_new_tokens, s.eval_temperature, seed, s.gen_batch)
+def evaluate(rows: list[dict], n: int, s: StudySettings, score, seed: int, temperature: float | None = None):
+    """Per-problem accuracy over ``n`` samples (``unique_id -> correct / n``) at ``temperature``
+    (default ``eval_temperature``; 0: greedy), under its own seed and outside the training random
+    stream (a generator of one :class:`Generate` request)."""
+    t = s.eval_temperature if temperature is None else temperature
+    ro = yield Generate([r["problem"] for r in rows], n, s.max_new_tokens, t, seed, s.gen_batch)
     correct = torch.tensor(score(ro.texts, [str(r["answer"]) for r in rows for _ in range(n)])).view(len(rows), n)
     return {r["unique_id"]: float(c) for r, c in zip(rows, correct.mean(1).tolist())}
 
@@ -888,6 +885,8 @@ class Run:
             "truncated": 0,
             "groups_trained": 0,
             "groups_signal": 0,
+            "update_sequences": 0,  # sequences through the training forward and backward
+            "update_tokens": 0,  # their tokens, prompt and completion: the update's cost
             "skipped_updates": 0,
             "nonfinite": [],
             "train_s": 0.0,
@@ -1130,6 +1129,8 @@ class Run:
                 signal |= zero_variance_sign(rewards, ctrl.tol, ctrl.reward_range) != 0
             st["groups_trained"] += len(idx)
             st["groups_signal"] += int(signal.sum())
+            st["update_sequences"] += int(ro.ids.shape[0])
+            st["update_tokens"] += int(ro.attn.sum())
             update = yield from self._update_g(ro, adv, rewards)
             row.update(
                 reward=float(rewards.mean()),
@@ -1171,6 +1172,8 @@ class Run:
         per = yield from evaluate(rows, 2, s, self.score, self.spec.seed + 104_729 + due[-1])
         pass1 = level_mean(per, rows)
         st["mid_evals"] += [{"milestone": m, "tokens": st["tokens"], "step": st["step"], "pass1": pass1} for m in due]
+        # beside the checkpoint: what a run that fails for good is scored by (remedies_gpu.FAIL_ATTEMPTS)
+        atomic_write(self.dir / "mid_evals.json", json.dumps(st["mid_evals"]))
 
     def train_g(self, log: Callable[[str], None] = print):
         s, st = self.spec.settings, self.state
@@ -1217,6 +1220,11 @@ class Run:
             if s.final_eval
             else {}
         )
+        greedy = (
+            (yield from evaluate(self.heldout_rows, 1, s, self.score, self.spec.seed + 15_485_863, temperature=0.0))
+            if s.final_eval and s.greedy_eval
+            else {}
+        )
         levels: dict[str, list[float]] = {}
         for r in self.heldout_rows:
             if "level" in r and r["unique_id"] in per:
@@ -1237,6 +1245,7 @@ class Run:
             "settings": record,
             "settings_hash": settings_hash(record),
             "commit": code_commit(),
+            "code": code_fingerprint(),  # information: a docstring edit changes it, not the pairing
             "lr": self.lr,
             "steps": st["step"],
             "generated_tokens": st["tokens"],
@@ -1260,6 +1269,10 @@ class Run:
             "heldout_by_level": {k: sum(v) / len(v) for k, v in levels.items()},
             "per_problem": per,
             "eval_n": s.eval_n,
+            "heldout_greedy_pass1": level_mean(greedy, self.heldout_rows) if greedy else None,
+            "per_problem_greedy": greedy,
+            "update_sequences": st["update_sequences"],
+            "update_tokens": st["update_tokens"],
             "acr_raw": avg("acr"),
             "acr_effective": avg("acr_effective"),
             "acr_all_wrong": avg("acr_all_wrong"),
@@ -1273,6 +1286,12 @@ class Run:
             "device": device_name(dev),
             "precision": precision,
             "torch": torch.__version__,
+            # what shared the device with this run: its wall time is an arm's cost only alone or beside its own arm
+            "batch": getattr(
+                self.engine,
+                "batch",
+                {"engine": "process", "runs_at_once": int(os.environ.get("AVSPO_RUNS_AT_ONCE", "1")), "methods": None},
+            ),
         }
 
     def result(self) -> dict:
@@ -1320,7 +1339,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = RunSpec.from_json(Path(args.spec).read_text(encoding="utf-8"))
-    res = run(spec, Path(args.run_dir), lambda line: print(f"[{spec.method} seed {spec.seed}] {line}", flush=True))
+    try:
+        res = run(spec, Path(args.run_dir), lambda line: print(f"[{spec.method} seed {spec.seed}] {line}", flush=True))
+    except Exception as e:  # the run's own error (its traceback follows in its log); a kill is not one
+        note_failure(Path(args.run_dir), f"{type(e).__name__}: {e}")
+        raise
     pass1 = res["heldout_pass1"]
     print(
         f"[{spec.method} seed {spec.seed}] done: {res['steps']} steps, {res['generated_tokens']} tokens, "

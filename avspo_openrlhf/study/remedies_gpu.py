@@ -28,7 +28,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from avspo_openrlhf import stats
@@ -39,15 +39,21 @@ from avspo_openrlhf.study.loop import (
     StudySettings,
     atomic_write,
     check_loop_arm,
+    code_commit,
     device_and_dtype,
+    device_name,
     settings_difference,
     settings_hash,
 )
 from avspo_openrlhf.study.scheduler import Job, measure_throughput, run_jobs
 
 ALPHA = 0.05  # the family-wise error rate of the primary comparisons (Holm)
-EQUIVALENCE = 0.03  # "no difference larger than 3 points": an interval inside +-3 points that holds 0
+MARGIN = 0.05  # the default "no difference larger than" margin (a study sets its own: GPURemediesStudy.margin)
 POWER = 0.8  # the power at which the minimum detectable effect is stated
+# a run that fails on an error of its own in this many launches has failed for good: it is scored by the
+# rule (its last mid-run evaluation, or 0) and never run again nor replaced; a crash of the process it
+# shared with others (out of memory, a kill) is not its failure and does not count
+FAIL_ATTEMPTS = 2
 
 
 class StudyError(ValueError):
@@ -67,34 +73,125 @@ def seeds_for_halfwidth(sd: float, halfwidth: float, max_n: int = 1000) -> int |
     return None
 
 
-def detectable_effect(sd: float, n: int, power: float = POWER, alpha: float = ALPHA) -> float | None:
-    """The smallest true mean difference a two-sided paired t test at ``alpha`` over ``n`` seeds
-    detects with probability ``power``, for a per-seed sd of ``sd`` (statsmodels' noncentral t)."""
+def detectable_effect(sd: float, n: int, family: int = 1, power: float = POWER, alpha: float = ALPHA) -> float | None:
+    """The smallest true mean difference the decision rule (:func:`rule`) declares with probability
+    ``power`` over ``n`` seeds at a per-seed sd of ``sd``, when it is the one real effect of a Holm
+    family of ``family`` comparisons: Holm's first step tests it at alpha / family, and the interval
+    the rule reads is at the same level (a two-sided paired t, statsmodels' noncentral t; the rule's
+    exact sign-flip p behaves alike on near-normal differences: :func:`simulate_rule` checks it)."""
     from statsmodels.stats.power import TTestPower
 
     if n < 2 or not sd > 0:
         return None
-    return float(TTestPower().solve_power(nobs=n, alpha=alpha, power=power, alternative="two-sided")) * sd
+    d = TTestPower().solve_power(nobs=n, alpha=alpha / family, power=power, alternative="two-sided")
+    return float(d) * sd
 
 
-def power_at(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float | None:
-    """The probability that a paired t test at ``alpha`` over ``n`` seeds detects a true ``effect``."""
+def power_at(effect: float, sd: float, n: int, family: int = 1, alpha: float = ALPHA) -> float | None:
+    """The probability that the rule declares a true ``effect`` (the one real effect of a family of
+    ``family``: tested at alpha / family, see :func:`detectable_effect`)."""
     from statsmodels.stats.power import TTestPower
 
     if n < 2 or not sd > 0:
         return None
-    return float(TTestPower().power(effect_size=effect / sd, nobs=n, alpha=alpha, alternative="two-sided"))
+    return float(TTestPower().power(effect_size=effect / sd, nobs=n, alpha=alpha / family, alternative="two-sided"))
+
+
+def seeds_for_effect(
+    sd: float, effect: float, family: int, power: float = POWER, floor: int = 24, max_n: int = 1000
+) -> int | None:
+    """The fewest seeds, at least ``floor``, at which the rule detects a true ``effect`` with
+    probability ``power`` (:func:`detectable_effect` at most ``effect``); None past ``max_n``."""
+    for n in range(max(2, floor), max_n + 1):
+        if detectable_effect(sd, n, family, power) <= effect:
+            return n
+    return None
+
+
+def holm_levels(p: dict[str, float], alpha: float = ALPHA) -> dict[str, float]:
+    """The confidence level of the interval beside each comparison's Holm verdict: the comparison of
+    rank j (ascending p, ties in the family's order) is tested at alpha / (m - j + 1), so its
+    interval is at 1 - alpha / (m - j + 1) (the largest p's at 1 - alpha)."""
+    ranked = sorted(p, key=lambda a: p[a])
+    return {a: 1 - alpha / (len(p) - j) for j, a in enumerate(ranked)}
+
+
+def rule(per_seed: dict[str, list[float] | None], margin: float, alpha: float = ALPHA) -> dict[str, dict]:
+    """The decision rule, fixed before the runs, on each primary comparison's per-seed paired
+    differences (None: no runs, p = 1). For each: the exact sign-flip p, Holm's adjusted p over the
+    whole family, the t interval at its Holm level (:func:`holm_levels`), and the verdict:
+    ``better``/``worse`` when the adjusted p is below ``alpha`` and the interval excludes 0;
+    ``equivalent`` (no difference larger than ``margin``) when the interval lies inside +-margin;
+    ``identical`` when every seed's difference is exactly 0 (the remedy never changed a run: no
+    evidence about the remedy, not equivalence); ``inconclusive`` otherwise."""
+    p = {a: (stats.sign_flip_p(d) if d and len(d) >= 2 else 1.0) for a, d in per_seed.items()}
+    adjusted, levels = holm(p), holm_levels(p, alpha)
+    out = {}
+    for a, d in per_seed.items():
+        ci = list(stats.t_interval(d, levels[a])[2:]) if d and len(d) >= 2 else None
+        if ci is None:
+            verdict = "inconclusive"
+        elif not any(d):  # every seed's difference exactly 0: the two arms trained alike (a gate never opened)
+            verdict = "identical"
+        elif (ci[0] > 0 or ci[1] < 0) and adjusted[a] < alpha:
+            verdict = "better" if ci[0] > 0 else "worse"
+        elif -margin < ci[0] and ci[1] < margin:
+            verdict = "equivalent"
+        else:
+            verdict = "inconclusive"
+        out[a] = {"p": p[a], "holm": adjusted[a], "level": levels[a], "ci": ci, "verdict": verdict}
+    return out
+
+
+def equivalence_chance(
+    sd: float, n: int, family: int, margin: float, effect: float = 0.0, reps: int = 20_000, seed: int = 0
+) -> float:
+    """The chance that the rule says "no difference larger than ``margin``" of a comparison whose true
+    difference is ``effect`` (the others of the family at 0): its interval at its Holm level lies
+    inside +-margin. Vectorized over ``reps`` simulated studies; the comparisons are ranked by their
+    |t| where the rule ranks them by the exact sign-flip p (which orders near-normal differences
+    alike), so that a 37-seed study is simulated in a second (:func:`simulate_rule` runs the rule)."""
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    rng = np.random.default_rng(seed)
+    d = rng.normal(0.0, sd, size=(reps, family, n))
+    d[:, 0] += effect
+    mean, se = d.mean(-1), d.std(-1, ddof=1) / math.sqrt(n)
+    rank = np.argsort(np.argsort(-np.abs(mean / se), axis=1), axis=1)  # 0: the largest |t|, tested first
+    half = student_t.ppf(1 - ALPHA / (family - rank) / 2, n - 1) * se
+    inside = (mean - half > -margin) & (mean + half < margin)
+    return float(inside[:, 0].mean())
+
+
+def simulate_rule(
+    effect: float, sd: float, n: int, family: int, margin: float, reps: int = 1000, seed: int = 0
+) -> dict[str, float]:
+    """The rule (:func:`rule`) applied to ``reps`` simulated studies: the first comparison's per-seed
+    differences drawn from N(effect, sd), the other ``family - 1`` from N(0, sd). Returns the share of
+    studies whose verdict on the first is each verdict (``better`` is the power at ``effect`` > 0,
+    ``equivalent`` at ``effect`` = 0 the chance to say "no difference larger than margin")."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    counts = {"better": 0, "worse": 0, "equivalent": 0, "identical": 0, "inconclusive": 0}
+    for _ in range(reps):
+        draws = rng.normal(0.0, sd, size=(family, n))
+        draws[0] += effect
+        counts[rule({f"arm{i}": list(draws[i]) for i in range(family)}, margin)["arm0"]["verdict"]] += 1
+    return {k: v / reps for k, v in counts.items()}
 
 
 def holm(p: dict[str, float]) -> dict[str, float]:
-    """Holm's step-down adjustment of a family of comparisons (name -> p), statsmodels' ``multipletests``."""
-    from statsmodels.stats.multitest import multipletests
-
-    if not p:
-        return {}
-    names = list(p)
-    adjusted = multipletests([p[k] for k in names], alpha=ALPHA, method="holm")[1]
-    return {k: float(v) for k, v in zip(names, adjusted)}
+    """Holm's step-down adjustment of a family of comparisons (name -> p): the j-th smallest p times
+    m - j + 1, made monotone and capped at 1 (statsmodels' ``multipletests(method="holm")``, which
+    runs a full garbage collection on every call: 0.3 s, too slow to simulate the rule)."""
+    ranked = sorted(p, key=lambda a: p[a])
+    out, running = {}, 0.0
+    for j, a in enumerate(ranked):
+        running = max(running, min(1.0, (len(p) - j) * p[a]))
+        out[a] = running
+    return {a: out[a] for a in p}
 
 
 def probability_of_improvement(x, y, seed: int = 0, n_boot: int = 2000) -> dict | None:
@@ -152,9 +249,36 @@ def paired_t(results: list[dict], method: str, base: str, keep=None) -> dict | N
 
 
 def tokens_to_target(r: dict, target: float) -> float:
-    """The generated-token milestone of the first mid-run evaluation whose held-out pass@1 reaches
-    ``target``; infinity for a run that never reached it within its budget (censored, not dropped)."""
-    return next((float(e["milestone"]) for e in r.get("mid_evals", []) if e["pass1"] >= target), math.inf)
+    """The generated tokens spent at the first mid-run evaluation whose held-out pass@1 reaches
+    ``target`` (what the run had generated then, not the milestone it was due at: a DAPO-DS step
+    overshoots a milestone by more); infinity for a run that never reached it (censored, not dropped)."""
+    return next((float(e["tokens"]) for e in r.get("mid_evals", []) if e["pass1"] >= target), math.inf)
+
+
+def swapped(problem: str) -> str | None:
+    """An arithmetic problem with the operands of its first commutative operation swapped (``What is 3
+    + 4?`` -> ``What is 4 + 3?``; ``What is 2 * 5 + 1?`` -> ``What is 5 * 2 + 1?``), or None."""
+    import re
+
+    m = re.fullmatch(r"What is (\d+) ([+*]) (\d+)(.*)", problem)
+    return f"What is {m[3]} {m[2]} {m[1]}{m[4]}" if m and m[1] != m[3] else None
+
+
+def greedy_view(results: list[dict]) -> list[dict]:
+    """The runs with a greedy evaluation, read as greedy: their greedy per-problem records and pass@1
+    where the comparisons read the sampled ones (a secondary reading)."""
+    return [
+        {**r, "per_problem": r["per_problem_greedy"], "heldout_pass1": r["heldout_greedy_pass1"]}
+        for r in results
+        if r.get("per_problem_greedy")
+    ]
+
+
+def wall_time_is_the_arms(r: dict) -> bool:
+    """Whether a run's wall time measures its arm: it ran alone, or beside runs of its own arm only
+    (in a stacked batch the runs advance in lockstep, so a run waits for its companions' refills)."""
+    b = r.get("batch") or {}
+    return b.get("runs_at_once") == 1 or b.get("methods") == [r["method"]]
 
 
 def check_pairable(results: list[dict]) -> dict | None:
@@ -198,6 +322,11 @@ class GPURemediesStudy:
     validation_per_level: int = 50  # the learning-rate check's validation problems per level at most
     lr_check: dict = field(default_factory=dict)  # {"arms": (...), "lrs": (...), "seeds": n}: on the validation set
     plugins: tuple[str, ...] = ()  # modules a run imports first (a user's remedy as an arm)
+    frozen_file: str | None = None  # a file holding the commit the study's runs must come from (--take checks it)
+    margin: float = MARGIN  # "no difference larger than margin": an interval at its Holm level inside +-margin
+    # exploratory paired contrasts beside the comparisons with the base: (arm, other, what it isolates)
+    contrasts: tuple[tuple[str, str, str], ...] = ()
+    planning_sd: float | None = None  # the per-seed paired sd the primary seeds were sized for (the power statement)
 
     def __post_init__(self):
         names = set(self.seeds) | set(self.primary) | set(self.pilot) | {self.base, self.second_base}
@@ -206,6 +335,11 @@ class GPURemediesStudy:
             raise ValueError(f"GPURemediesStudy: arms {sorted(unknown)} are not in arms")
         if self.base not in self.primary:
             raise ValueError(f"GPURemediesStudy: the base {self.base!r} must be one of the primary arms")
+        stray = {a for x, y, _ in self.contrasts for a in (x, y)} - set(self.arms)
+        if stray:
+            raise ValueError(f"GPURemediesStudy.contrasts: arms {sorted(stray)} are not in arms")
+        if not 0 < self.margin < 1:
+            raise ValueError(f"GPURemediesStudy.margin: a difference in pass@1 in (0, 1), got {self.margin}")
         for name, arm in self.arms.items():
             try:
                 check_loop_arm(arm)  # when the study is built, not when its first run starts
@@ -260,6 +394,21 @@ class GPURemediesStudy:
             paths.append(str(path))
         return paths[0], paths[1], paths[2]
 
+    def near_duplicates(self, heldout_hash: str | None) -> frozenset[str]:
+        """The held-out ids whose problem is a training prompt with its operands swapped (``a + b`` for
+        ``b + a``: distinct problems, one answer), for the sensitivity row; empty when the runs' held-out
+        set (by its content hash) is not this study's own."""
+        import tempfile
+
+        from avspo_openrlhf.study.loop import file_sha256, read_rows
+
+        with tempfile.TemporaryDirectory() as tmp:
+            train, heldout, _ = self.make_data(Path(tmp))
+            if file_sha256(heldout) != heldout_hash:
+                return frozenset()
+            seen = {r["problem"] for r in read_rows(train)}
+            return frozenset(r["unique_id"] for r in read_rows(heldout) if swapped(r["problem"]) in seen)
+
     def order(self, arms: list[str], seeds: list[int] | None, pilot: bool = False) -> list[tuple[str, int]]:
         """The runs in the order they start (``store.seed_major``): the pilot's, or the primary arms
         seed by seed up to their planned seeds, then the other arms the same way."""
@@ -305,111 +454,273 @@ class GPURemediesStudy:
         return results
 
     @staticmethod
-    def failures(out: Path) -> dict[str, list[int]]:
-        """Runs that stopped with an error and have no result (they resume when started again), per arm."""
-        failed: dict[str, list[int]] = {}
+    def failures(out: Path) -> dict[str, list[str]]:
+        """Runs that stopped without a result and have not failed for good (they resume when started
+        again), per arm, each said in words: an error of its own (``failure.json``: launches so far,
+        the error), a crash of the process it shared (``crashed.json``: exit code, the log holding it),
+        or a traceback in its log (a run of an earlier version)."""
+        failed: dict[str, list[str]] = {}
         for d in sorted(out.glob("*_seed*")):
-            log = d / "log.txt"
-            if not (d / "result.json").exists() and log.exists() and "Traceback" in log.read_text(errors="replace"):
-                arm, _, seed = d.name.rpartition("_seed")
-                failed.setdefault(arm, []).append(int(seed))
+            if (d / "result.json").exists() or (d / "failed.json").exists():
+                continue
+            arm, _, seed = d.name.rpartition("_seed")
+            own, crash, log = d / "failure.json", d / "crashed.json", d / "log.txt"
+            if own.exists() and (not crash.exists() or own.stat().st_mtime >= crash.stat().st_mtime):
+                f = json.loads(own.read_text(encoding="utf-8"))
+                said = f"seed {seed}: its own error in {f['attempts']} launch(es), last {f['error']!r}"
+            elif crash.exists():
+                c = json.loads(crash.read_text(encoding="utf-8"))
+                said = f"seed {seed}: its process crashed (exit {c['exit_code']}, see {c['log']})"
+            elif log.exists() and "Traceback" in log.read_text(errors="replace"):
+                said = f"seed {seed}: a traceback in {log}"
+            else:
+                continue
+            failed.setdefault(arm, []).append(said)
         return failed
 
-    def publish_run(self, r: dict, published: Path) -> None:
-        store.publish_run(r, published, r["eval_n"])
+    def frozen_commit(self) -> str | None:
+        """The commit the study's runs must come from (:attr:`frozen_file`), or None before the freeze."""
+        if self.frozen_file is None or not Path(self.frozen_file).is_file():
+            return None
+        return Path(self.frozen_file).read_text(encoding="utf-8").strip()
 
-    def summary(self, results: list[dict]) -> dict:
-        """Per arm: its numbers and its paired comparisons (the report's tables, as data)."""
+    def take(self, folder: Path, published: Path) -> str:
+        """Publish the run files of ``folder`` (runs made elsewhere: a GPU slot, another machine) after
+        checking every one, all or none: its commit is the frozen one, its settings pair with what is
+        published (one hash), its device is named, it is a planned run of the study, and a run already
+        published is skipped when identical and refused when not. Returns what it did, in words."""
+        files = sorted(folder.glob("*_seed*.json"))
+        if not files:
+            raise StudyError(f"--take: no <arm>_seed<k>.json run files in {folder}")
+        frozen, have = self.frozen_commit(), store.collect(Path("/nonexistent"), published)
+        taken, same, problems = [], 0, []
+        for f in files:
+            r = store.read_run(f)
+            name = f"{r.get('method')} seed {r.get('seed')}"
+            if frozen is not None and r.get("commit") != frozen:
+                problems.append(f"{f.name}: commit {r.get('commit')!r}, not the frozen {frozen}")
+            if not r.get("device"):
+                problems.append(f"{f.name}: no device recorded")
+            if r.get("method") not in self.arms or not 0 <= int(r.get("seed", -1)) < self.seeds.get(r["method"], 0):
+                problems.append(f"{f.name}: {name} is not a planned run of this study")
+            old = store.run_file(published, r["method"], r["seed"])
+            if old.exists():
+                if old.read_bytes() != f.read_bytes():
+                    problems.append(f"{f.name}: {name} is published already with other content")
+                else:
+                    same += 1
+                continue
+            taken.append(r)
+        try:
+            compare.check_results(taken, str(folder))
+            check_pairable(have + taken)
+        except ValueError as e:  # a file of another version, or runs of other settings
+            problems.append(str(e))
+        if problems:
+            raise StudyError("--take refused every run (nothing published):\n  " + "\n  ".join(problems))
+        for r in taken:
+            self.publish_run(r, published)
+        return f"[study] took {len(taken)} runs into {published} ({same} published already, identical)"
+
+    def failed_for_good(self, job: Job, precision: str) -> dict | None:
+        """The record of a run that failed on an error of its own in :data:`FAIL_ATTEMPTS` launches,
+        scored by the rule fixed before the runs (its last mid-run evaluation's pass@1, or 0 before
+        any), written beside it as ``failed.json``; None while it may still be resumed."""
+        path = job.run_dir / "failure.json"
+        if job.done() or not path.exists():
+            return None
+        f = json.loads(path.read_text(encoding="utf-8"))
+        if f["attempts"] < FAIL_ATTEMPTS:
+            return None
+        evals_file = job.run_dir / "mid_evals.json"
+        evals = json.loads(evals_file.read_text(encoding="utf-8")) if evals_file.exists() else []
+        last = evals[-1] if evals else None
+        record = {**job.spec.settings_record(), "precision": precision}
+        r = {
+            "method": job.spec.method,
+            "seed": job.spec.seed,
+            "failed": True,
+            "attempts": f["attempts"],
+            "error": f["error"],
+            "heldout_pass1": last["pass1"] if last else 0.0,
+            "score_rule": (
+                f"its last mid-run evaluation (step {last['step']}, {last['tokens']:,} tokens)"
+                if last
+                else "0: no mid-run evaluation before it failed"
+            ),
+            "mid_evals": evals,
+            "arm": asdict(job.spec.arm),
+            "settings": record,
+            "settings_hash": settings_hash(record),
+            "commit": code_commit(),
+            "device": device_name(device_and_dtype(job.spec.settings)[0]),
+        }
+        atomic_write(job.run_dir / "failed.json", json.dumps(r, indent=1))
+        return r
+
+    def publish_run(self, r: dict, published: Path) -> None:
+        store.publish_run(r, published, r.get("eval_n", self.settings.eval_n))
+
+    def split_planned(self, results: list[dict]) -> tuple[list[dict], list[dict]]:
+        """``(planned, extra)``: the runs of each arm's planned seeds 0 .. n - 1, which every table and
+        the verdict read, and those beyond them (a labelled table of their own, never a verdict: a
+        verdict over whatever seeds exist would allow stopping when it suits and replacing a seed)."""
+        planned, extra = [], []
+        for r in results:
+            n = self.seeds.get(r["method"])
+            (extra if n is not None and r["seed"] >= n else planned).append(r)
+        return planned, extra
+
+    def summary(self, results: list[dict], exclude: frozenset[str] = frozenset()) -> dict:
+        """Per arm: its numbers and its paired comparisons (the report's tables, as data), from the
+        planned seeds' runs (:meth:`split_planned`); ``exclude``: held-out ids left out of the
+        sensitivity comparison (near-duplicates of training prompts)."""
         out = {}
         base_seeds = {r["seed"] for r in results if r["method"] == self.base}
+        greedy = greedy_view(results)
         for arm in self.arms:
             rs = sorted((r for r in results if r["method"] == arm), key=lambda r: r["seed"])
             if not rs:
                 continue
+            ok = [r for r in rs if not compare.failed(r)]
             paired = [r for r in rs if r["seed"] in base_seeds]
             ttt = [tokens_to_target(r, self.target) for r in rs]
-            x = [[r["heldout_by_level"].get(lv, math.nan) for lv in self.levels] for r in paired]
+            x = [
+                [r["heldout_by_level"].get(lv, math.nan) for lv in self.levels] for r in paired if not compare.failed(r)
+            ]
             y = [
                 [r["heldout_by_level"].get(lv, math.nan) for lv in self.levels]
                 for r in sorted(results, key=lambda r: r["seed"])
-                if r["method"] == self.base
+                if r["method"] == self.base and not compare.failed(r)
             ]
+            # wall time is an arm's cost only where its runs ran alone or beside runs of their own arm
+            alone = [r for r in ok if wall_time_is_the_arms(r)]
             out[arm] = {
                 "seeds": len(rs),
                 "seeds_planned": self.seeds.get(arm, 0),
+                "seed_list": [r["seed"] for r in rs],
                 "heldout_pass1": [r["heldout_pass1"] for r in rs],
                 "heldout_pass1_paired": [r["heldout_pass1"] for r in paired],
                 "vs_" + self.base: paired_t(results, arm, self.base),
                 "vs_" + self.second_base: paired_t(results, arm, self.second_base),
+                "greedy_vs_" + self.base: paired_t(greedy, arm, self.base),
+                "heldout_greedy_pass1": [r["heldout_pass1"] for r in greedy if r["method"] == arm],
+                "near_duplicates_out_vs_" + self.base: paired_t(results, arm, self.base, lambda k: k not in exclude)
+                if exclude
+                else None,
                 "by_level_vs_" + self.base: {
                     lv: paired_t(results, arm, self.base, lambda k, lv=lv: level_of(k) == lv) for lv in self.levels
                 },
                 "poi_vs_" + self.base: probability_of_improvement(x, y) if arm != self.base else None,
-                "steps": [r["steps"] for r in rs],
-                "generated_tokens": [r["generated_tokens"] for r in rs],
+                "steps": [r["steps"] for r in ok],
+                "generated_tokens": [r["generated_tokens"] for r in ok],
+                "update_tokens": [r["update_tokens"] for r in ok if "update_tokens" in r],
                 "tokens_to_target": {"reached": sum(math.isfinite(t) for t in ttt), "median": statistics.median(ttt)},
-                "signal_groups_per_mtok": [r["signal_groups_per_mtok"] for r in rs],
-                "acr_generated": [r["acr_generated"] for r in rs],
-                "acr_effective": [r["acr_effective"] for r in rs],
-                "truncation_rate": [r["truncation_rate"] for r in rs],
-                "completion_tokens_mean": [r["completion_tokens_mean"] for r in rs],
-                "train_min": [r["train_s"] / 60 for r in rs],
-                "flagged_seeds": [r["seed"] for r in rs if r["flagged"]],
-                "skipped_step_seeds": {r["seed"]: len(r["nonfinite_steps"]) for r in rs if r["nonfinite_steps"]},
+                "signal_groups_per_mtok": [r["signal_groups_per_mtok"] for r in ok],
+                "acr_generated": [r["acr_generated"] for r in ok],
+                "acr_effective": [r["acr_effective"] for r in ok],
+                "truncation_rate": [r["truncation_rate"] for r in ok],
+                "completion_tokens_mean": [r["completion_tokens_mean"] for r in ok],
+                "train_min": [r["train_s"] / 60 for r in alone],
+                "train_min_runs": f"{len(alone)}/{len(ok)}",
+                "flagged_seeds": [r["seed"] for r in ok if r["flagged"]],
+                "skipped_step_seeds": {r["seed"]: len(r["nonfinite_steps"]) for r in ok if r["nonfinite_steps"]},
+                "failed_for_good": {r["seed"]: r["score_rule"] for r in rs if compare.failed(r)},
             }
         return out
 
+    def design_lines(self) -> list[str]:
+        """What the verdict licenses, from the plan (the planned seeds, the planning sd, the Holm family
+        and the margin): the generated paragraph the README includes (``results/design.md``)."""
+        m, n, sd = len(self.family), min(self.seeds[a] for a in self.family), self.planning_sd
+        if sd is None:
+            return []
+        mde = detectable_effect(sd, n, m)
+        p3, p5 = power_at(0.03, sd, n, m), power_at(0.05, sd, n, m)
+        eq0 = equivalence_chance(sd, n, m, self.margin)
+        low = 0.07  # the planning sd is an upper bound: what the same seeds give at a smaller one
+        return [
+            f"At the planned {n} seeds per primary arm and a per-seed paired sd of {100 * sd:.0f} points, the rule "
+            f"(Holm over {m} comparisons with {self.base}, family-wise error {ALPHA}) declares a true difference of "
+            f"{100 * mde:.1f} points with 80 % probability (the minimum detectable effect), one of 3 points with "
+            f"{100 * p3:.0f} % and one of 5 points with {100 * p5:.0f} %. A remedy with no effect is called "
+            f'better or worse with probability at most {ALPHA} over the whole family, and "no difference larger '
+            f'than {100 * self.margin:.0f} points" with probability {100 * eq0:.0f} % (simulated, 20,000 studies); '
+            f"at an sd of {100 * low:.0f} points the detectable effect is {100 * detectable_effect(low, n, m):.1f} "
+            f"points and the chance of that verdict {100 * equivalence_chance(low, n, m, self.margin):.0f} %.",
+            "",
+            f"So *better/worse than {self.base}* licenses the sign of a difference (its size is the interval beside "
+            f"it); *no difference larger than {100 * self.margin:.0f} points* licenses what it says, at the "
+            f"interval's level; *inconclusive* licenses nothing: a true difference below about "
+            f"{100 * mde:.0f} points is not ruled out, and is likely to end there.",
+        ]
+
+    def verdict_words(self, verdict: str) -> str:
+        return {
+            "better": f"better than {self.base}",
+            "worse": f"worse than {self.base}",
+            "equivalent": f"no difference larger than {100 * self.margin:.0f} points",
+            "identical": f"identical to {self.base} (the remedy changed no run)",
+        }.get(verdict, verdict)
+
     def decide(self, summary: dict) -> dict:
-        """The decision rule, fixed before the runs: Holm over the whole primary family (a missing
-        comparison counts as p = 1); a remedy differs from the base when its interval excludes 0 and
-        its adjusted p is below ALPHA; "no difference larger than 3 points" when its interval lies
-        inside +-3 points and holds 0; no verdict at all until every primary arm has its planned seeds."""
+        """The decision rule (:func:`rule`, fixed before the runs) on the primary family's planned
+        seeds: Holm over the whole family (a comparison without runs counts as p = 1), each
+        comparison's interval at its Holm level, and no verdict at all until every primary arm holds
+        each of its planned seeds (a finished run or, failed for good, the rule's score)."""
         key = "vs_" + self.base
-        comps = {a: summary.get(a, {}).get(key) for a in self.family}
-        adjusted = holm({a: (c["p_sign_flip"] if c else 1.0) for a, c in comps.items()})
-        missing = {a: max(0, self.seeds.get(a, 0) - (summary.get(a, {}).get("seeds", 0))) for a in self.primary}
-        complete = not any(missing.values())
-        verdicts = {}
-        for a, c in comps.items():
-            if not complete or c is None:
-                verdicts[a] = "no verdict yet"
-            elif (c["ci95"][0] > 0 or c["ci95"][1] < 0) and adjusted[a] < ALPHA:
-                verdicts[a] = "better than " + self.base if c["diff"] > 0 else "worse than " + self.base
-            elif -EQUIVALENCE < c["ci95"][0] <= 0 <= c["ci95"][1] < EQUIVALENCE:
-                verdicts[a] = f"no difference larger than {100 * EQUIVALENCE:.0f} points"
-            else:
-                verdicts[a] = "inconclusive"
-        return {"complete": complete, "missing": missing, "holm": adjusted, "verdicts": verdicts}
+        per_seed = {a: (summary.get(a, {}).get(key) or {}).get("per_seed") for a in self.family}
+        res = rule(per_seed, self.margin)
+        missing_seeds = {
+            a: [k for k in range(self.seeds.get(a, 0)) if k not in summary.get(a, {}).get("seed_list", [])]
+            for a in self.primary
+        }
+        complete = not any(missing_seeds.values())
+        return {
+            "complete": complete,
+            "missing": {a: len(m) for a, m in missing_seeds.items()},
+            "missing_seeds": missing_seeds,
+            "holm": {a: r["holm"] for a, r in res.items()},
+            "rule": res,
+            "verdicts": {a: self.verdict_words(r["verdict"]) if complete else "no verdict yet" for a, r in res.items()},
+        }
 
     def power_lines(self, summary: dict) -> list[str]:
-        """From each primary comparison's measured sd: the half-width now, the seeds a 3-point
-        half-width needs, and at the planned seeds the minimum detectable effect (80 % power) and the
-        power to detect 3 and 5 points."""
+        """What the rule can tell at the planned seeds: from the planning sd, and from each primary
+        comparison's measured sd, the minimum detectable effect at 80 % power and the power at 3 and 5
+        points, for the rule as coded (one real effect in the Holm family: tested at alpha / m)."""
+        m = len(self.family)
         rows = []
-        for arm in self.family:
-            c = summary.get(arm, {}).get("vs_" + self.base)
-            if c is None:
-                continue
-            n = self.seeds.get(arm, 0)
-            mde, p3, p5 = detectable_effect(c["sd"], n), power_at(0.03, c["sd"], n), power_at(0.05, c["sd"], n)
-            rows.append(
-                f"| {arm} | {c['seeds']} | {100 * c['sd']:.1f} | {100 * c['halfwidth']:.1f} | "
-                f"{seeds_for_halfwidth(c['sd'], 0.03) or '> 1000'} | {n} | "
+
+        def row(label: str, seeds: str, sd: float, n: int, halfwidth: str) -> str:
+            mde, p3, p5 = detectable_effect(sd, n, m), power_at(0.03, sd, n, m), power_at(0.05, sd, n, m)
+            return (
+                f"| {label} | {seeds} | {100 * sd:.1f} | {halfwidth} | {n} | "
                 f"{'-' if mde is None else f'{100 * mde:.1f}'} | {'-' if p3 is None else f'{100 * p3:.0f} %'} | "
                 f"{'-' if p5 is None else f'{100 * p5:.0f} %'} |"
             )
+
+        n_plan = max((self.seeds.get(a, 0) for a in self.family), default=0)
+        if self.planning_sd is not None and n_plan >= 2:
+            rows.append(row("the plan", "-", self.planning_sd, n_plan, "-"))
+        for arm in self.family:
+            c = summary.get(arm, {}).get("vs_" + self.base)
+            if c is not None and c["sd"] > 0:
+                rows.append(row(arm, str(c["seeds"]), c["sd"], self.seeds.get(arm, 0), f"{100 * c['halfwidth']:.1f}"))
         if not rows:
             return []
         return [
             "",
-            f"Power, from the measured sd of the per-seed paired differences against {self.base} (points): "
-            f"the 95 % half-width now, the seeds a half-width of 3 points needs, and at the planned seeds the "
-            f"minimum detectable effect (two-sided paired t, alpha {ALPHA}, {100 * POWER:.0f} % power) and the "
-            f"power to detect a true difference of 3 and of 5 points:",
+            f"What the rule can tell, per primary comparison against {self.base} (points): from the sd the seeds "
+            f"were planned for and from each comparison's measured sd of its per-seed differences, at the planned "
+            f"seeds, the minimum detectable effect (80 % power) and the power to detect a true difference of 3 and "
+            f"of 5 points, for the rule as coded: one real effect in a Holm family of {m} is tested at "
+            f"{ALPHA} / {m} (two-sided paired t; the rule's exact sign-flip p agrees within a few points, "
+            "tests/test_study_design.py simulates it):",
             "",
-            "| arm | seeds | sd | half-width now | seeds for ≤ 3 | seeds planned | detectable effect | "
-            "power at 3 | power at 5 |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| comparison | seeds now | sd | 95 % half-width now | seeds planned | detectable effect | power at 3 | "
+            "power at 5 |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
             *rows,
         ]
 
@@ -424,6 +735,13 @@ class GPURemediesStudy:
             )
         s = record["settings"]
         commits = sorted({r.get("commit", "unknown")[:10] for r in results})
+        v = record.get("versions")
+        ran = (  # runs recorded before the loop's semantics version hashed its code instead
+            f"loop semantics v{record['semantics']}, torch {v['torch']}, transformers {v['transformers']}, "
+            f"CUDA {v['cuda'] or 'none'} on {record['device_kind']}"
+            if v
+            else f"loop and remedies code {record['code']}"
+        )
         return (
             f"Model {record['model']} (content hash), training pool {record['train']}, held-out set "
             f"{record['heldout']} (distinct problems, none a training prompt; each level weighs the same); "
@@ -432,7 +750,7 @@ class GPURemediesStudy:
             f"stops at the step where its generated tokens reach {s['token_budget']:,}. Held-out: n={s['eval_n']} "
             f"at T={s['eval_temperature']}; mid-run evaluations every {s['mid_eval_tokens']:,} generated tokens "
             f"on the first {s['mid_eval_problems']} held-out problems (n=2). Compute precision "
-            f"{record['precision']}; loop and remedies code {record['code']}; commits {', '.join(commits)}. "
+            f"{record['precision']}; {ran}; commits {', '.join(commits)}. "
             f"StudySettings hash {results[0]['settings_hash']}. Device: {devices}. {tables.SD_NOTE}. Differences are "
             f"paired (same seed, same problems, common random numbers): mean [95 % t interval over seeds], "
             f"p = exact sign-flip over seeds (seeds)."
@@ -442,12 +760,16 @@ class GPURemediesStudy:
         self,
         results: list[dict],
         out: Path,
-        failed: dict[str, list[int]] | None = None,
+        failed: dict[str, list[str]] | None = None,
         lr_results: list[dict] | None = None,
+        exclude: frozenset[str] = frozenset(),
     ) -> str:
-        """``results.md``, ``results.json`` (the summary, no per-problem records) and the plot in ``out``."""
+        """``results.md``, ``results.json`` (the summary, no per-problem records) and the plot in ``out``;
+        ``failed``: the runs that stopped and resume when started again (:meth:`failures`); ``exclude``:
+        the held-out ids of the sensitivity row (near-duplicates of training prompts)."""
         record = check_pairable(results)
-        summary = self.summary(results)
+        results, extra = self.split_planned(results)
+        summary = self.summary(results, exclude)
         decision = self.decide(summary)
         failed = failed or {}
         lines = [self.header(results, record), ""]
@@ -469,26 +791,54 @@ class GPURemediesStudy:
         b = self.base
         lines += [
             "",
-            f"The primary comparisons, each remedy against {b} (Holm over the {len(self.family)} of them, "
-            "fixed before the runs; a comparison without runs counts as p = 1):",
+            f"The primary comparisons, each remedy against {b} on the planned seeds (Holm over the "
+            f"{len(self.family)} of them, fixed before the runs; a comparison without runs counts as p = 1). The "
+            "interval is the t interval at the level Holm tested the comparison at (1 - 0.05 / (m - rank + 1)), "
+            f"the one the verdict reads: *better/worse* when it excludes 0 and the Holm p is below {ALPHA}, *no "
+            f"difference larger than {100 * self.margin:.0f} points* when it lies inside ±{100 * self.margin:.0f}:",
             "",
-            f"| arm | seeds (planned) | held-out pass@1 (%) | vs {b} (points) | Holm p | P(better than {b}) "
-            f"[95 %] | between-arm r | verdict |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            f"| arm | seeds (planned) | held-out pass@1 (%) | steps | vs {b} (points) [Holm-level interval] | "
+            f"Holm p | P(better than {b}) [95 %] | between-arm r | verdict |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for arm in self.primary:
             a = summary.get(arm)
             if a is None:
-                lines.append(f"| {arm} | 0 ({self.seeds.get(arm, 0)}) | - | - | - | - | - | no runs |")
+                lines.append(f"| {arm} | 0 ({self.seeds.get(arm, 0)}) | - | - | - | - | - | - | no runs |")
                 continue
             c, poi = a["vs_" + b], a["poi_vs_" + b]
             poi_s = "-" if poi is None else f"{poi['poi']:.2f} [{poi['ci95'][0]:.2f}, {poi['ci95'][1]:.2f}]"
             r = "-" if c is None or c["correlation"] is None else f"{c['correlation']:+.2f}"
+            rr = decision["rule"].get(arm)
+            diff = "-"
+            if c is not None and rr is not None and rr["ci"] is not None:
+                diff = (
+                    f"{100 * c['diff']:+.1f} [{100 * rr['ci'][0]:+.1f}, {100 * rr['ci'][1]:+.1f}] "
+                    f"at {100 * rr['level']:.1f} % ({c['seeds']})"
+                )
             lines.append(
                 f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1_paired'], 100)} | "
-                f"{tables.fmt_t(c)} | {tables.fmt_p(decision['holm'].get(arm)) if arm != b else '-'} | {poi_s} | {r} | "
+                f"{tables.mean_sd(a['steps'], 1, '{:.1f}')} | {diff if arm != b else '-'} | "
+                f"{tables.fmt_p(decision['holm'].get(arm)) if arm != b else '-'} | {poi_s} | {r} | "
                 f"{decision['verdicts'].get(arm, '-')} |"
             )
+        lines += [
+            "",
+            f"Secondary readings of the primary comparisons, exploratory (points; mean [95 % t interval], p = exact "
+            f"sign-flip (seeds)): greedy decoding (one completion per held-out problem at T = 0, where sampling at "
+            f"T rewards a sharpened policy), and the held-out set without its {len(exclude)} near-duplicates of "
+            "training prompts (the same operands swapped):",
+            "",
+            f"| arm | greedy pass@1 (%) | greedy vs {b} | vs {b} without near-duplicates |",
+            "| --- | --- | --- | --- |",
+        ]
+        for arm in self.family:
+            a = summary.get(arm)
+            if a is not None:
+                lines.append(
+                    f"| {arm} | {tables.mean_sd(a['heldout_greedy_pass1'], 100)} | {tables.fmt_t(a['greedy_vs_' + b])} | "
+                    f"{tables.fmt_t(a['near_duplicates_out_vs_' + b]) if exclude else 'none flagged'} |"
+                )
         lines += [
             "",
             f"Exploratory (no adjustment, no verdict): the other arms against {b}, and every arm against "
@@ -503,28 +853,35 @@ class GPURemediesStudy:
                 f"{tables.fmt_t(a['vs_' + b]) if arm not in self.primary else 'above'} | "
                 f"{tables.fmt_t(a['vs_' + self.second_base])} |"
             )
+        for x, y, why in self.contrasts:
+            if x in summary and y in summary:
+                lines.append(f"| {x} vs {y}: {why} | | | {tables.fmt_t(paired_t(results, x, y))} | |")
         budget = record["settings"]["token_budget"]
         lines += [
             "",
             f"What each arm spent and trained on. Tokens to reach {100 * self.target:.0f} % on the mid-run "
-            f"held-out subset: the median over every seed, a seed that never reached it counting as beyond the "
-            f"budget (reached/seeds). Collapse over every generated group (DAPO-DS's and GRESO's dropped ones "
-            f"too); groups with a non-zero advantage (token advantages count) per million generated tokens:",
+            f"held-out subset: the tokens generated by the first evaluation that reached it, the median over every "
+            f"seed, a seed that never reached it counting as beyond the budget (reached/seeds). Update tokens: the "
+            f"prompt and completion tokens through the training forward and backward. Collapse over every generated "
+            f"group (DAPO-DS's and GRESO's dropped ones too); groups with a non-zero advantage (token advantages "
+            f"count) per million generated tokens. Train minutes only from runs that ran alone or beside runs of "
+            f"their own arm (runs/all): in a stacked batch of mixed arms a run waits for its companions:",
             "",
-            "| arm | steps | generated tokens | tokens to target | non-zero-advantage groups per M tokens | "
-            "ACR, generated groups | effective ACR | truncated (%) | completion tokens | train (min) |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "| arm | steps | generated tokens | update tokens | tokens to target | non-zero-advantage groups per M "
+            "tokens | ACR, generated groups | effective ACR | truncated (%) | completion tokens | train (min) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for arm, a in summary.items():
             t = a["tokens_to_target"]
             med = f"{t['median']:,.0f}" if math.isfinite(t["median"]) else f"> {budget:,}"
             lines.append(
                 f"| {arm} | {tables.mean_sd(a['steps'], 1, '{:.1f}')} | "
-                f"{tables.mean_sd(a['generated_tokens'], 1, '{:,.0f}')} | {med} ({t['reached']}/{a['seeds']}) | "
+                f"{tables.mean_sd(a['generated_tokens'], 1, '{:,.0f}')} | "
+                f"{tables.mean_sd(a['update_tokens'], 1, '{:,.0f}')} | {med} ({t['reached']}/{a['seeds']}) | "
                 f"{tables.mean_sd(a['signal_groups_per_mtok'], 1, '{:,.0f}')} | "
                 f"{tables.mean_sd(a['acr_generated'], 1, '{:.2f}')} | {tables.mean_sd(a['acr_effective'], 1, '{:.2f}')} | "
                 f"{tables.mean_sd(a['truncation_rate'], 100)} | {tables.mean_sd(a['completion_tokens_mean'], 1)} | "
-                f"{tables.mean_sd(a['train_min'], 1, '{:.1f}')} |"
+                f"{tables.mean_sd(a['train_min'], 1, '{:.1f}')} ({a['train_min_runs']}) |"
             )
         lines += tables.level_table(
             {arm: [a["by_level_vs_" + b][lv] for lv in self.levels] for arm, a in summary.items()},
@@ -536,40 +893,90 @@ class GPURemediesStudy:
         lines += self.power_lines(summary)
         lines += [
             "",
-            "Seeds that lost steps or failed, per arm (never dropped: a run with more than "
-            "1 % of its steps skipped for a non-finite gradient is flagged; a failed run resumes when started again):",
+            "Seeds that lost steps or failed, per arm (never dropped nor replaced: a run with more than 1 % of its "
+            "steps skipped for a non-finite gradient or entropy is flagged; a run that stopped resumes when started "
+            f"again; one that failed on an error of its own in {FAIL_ATTEMPTS} launches failed for good and counts "
+            "with its last mid-run evaluation's pass@1, or 0 before any):",
             "",
         ]
         health = []
         for arm, a in summary.items():
-            if a["skipped_step_seeds"] or a["flagged_seeds"] or failed.get(arm):
+            if a["skipped_step_seeds"] or a["flagged_seeds"] or a["failed_for_good"] or failed.get(arm):
                 health.append(
                     f"- {arm}: steps skipped {a['skipped_step_seeds'] or 'none'}; flagged seeds "
-                    f"{a['flagged_seeds'] or 'none'}; failed seeds {failed.get(arm) or 'none'}"
+                    f"{a['flagged_seeds'] or 'none'}; failed for good {a['failed_for_good'] or 'none'}; "
+                    f"stopped, to resume: {'; '.join(failed.get(arm, [])) or 'none'}"
                 )
+        for arm in sorted(set(failed) - set(summary)):
+            health.append(f"- {arm}: stopped, to resume: {'; '.join(failed[arm])}")
         lines += health or ["- none: every run finished with every step updated."]
+        if extra:
+            lines += [
+                "",
+                "Runs beyond the planned seeds (in no table above and in no verdict):",
+                "",
+                "| arm | seed | held-out pass@1 (%) |",
+                "| --- | --- | --- |",
+                *(
+                    f"| {r['method']} | {r['seed']} | {100 * r['heldout_pass1']:.1f} |"
+                    for r in sorted(extra, key=lambda r: (r["method"], r["seed"]))
+                ),
+            ]
         if lr_results:
             lines += ["", *self.lr_lines(lr_results)]
         lines += tables.per_seed_table(results, list(summary))
         lines.append(f"\nRuns resumed after a kill: {sum(bool(r.get('resumed')) for r in results)}.")
         text = "\n".join(lines) + "\n"
         self._write(out, text, summary, decision, results)
+        atomic_write(out / "facts.md", self.facts(results) + "\n")
         self.plot(results, out / "accuracy_vs_tokens.png")
         return text
 
+    def facts(self, results: list[dict]) -> str:
+        """What the runs measured that the design rests on (the collapse at the first step, the steps a
+        run takes, its completions' length), one generated paragraph the README's design cites."""
+        ok = [r for r in results if not compare.failed(r) and r.get("curve")]
+        if not ok:
+            return "No run has finished yet."
+
+        def mean(values) -> float | None:  # a curve key a run of another version may lack
+            values = [v for v in values if v is not None]
+            return statistics.mean(values) if values else None
+
+        first, steps = [r["curve"][0] for r in ok], [r["steps"] for r in ok]
+        wrong = mean(c.get("acr_all_wrong") for c in first)
+        start, end = (mean(c.get("completion_tokens_mean") for c in cs) for cs in (first, [r["curve"][-1] for r in ok]))
+        return (
+            f"Measured on these {len(ok)} runs ({', '.join(sorted({r['method'] for r in ok}))}): at the first step "
+            f"{100 * mean(c['acr'] for c in first):.0f} % of the groups collapsed"
+            + (f" ({100 * wrong:.0f} % all wrong)" if wrong is not None else "")
+            + f"; a run took {min(steps)}-{max(steps)} steps (mean {statistics.mean(steps):.1f}) to its budget"
+            + (
+                f"; a completion averaged {start:.1f} tokens at the first step and {end:.1f} at the last."
+                if start is not None and end is not None
+                else "."
+            )
+        )
+
     def lr_lines(self, lr_results: list[dict]) -> list[str]:
-        """The learning-rate check: each checked arm's validation pass@1 per learning rate."""
+        """The learning-rate check: each checked arm's validation pass@1 per learning rate, and each rate
+        against the study's own on the same seeds (paired: the seeds draw the same random numbers)."""
         by: dict[str, list[float]] = {}
         for r in lr_results:
             by.setdefault(r["method"], []).append(r["heldout_pass1"])
-        rows = [f"| {m} | {len(v)} | {tables.mean_sd(v, 100)} |" for m, v in sorted(by.items())]
+        rows = []
+        for m, v in sorted(by.items()):
+            arm, _, _ = m.partition("@lr=")
+            own = f"{arm}@lr={self.settings.lr:g}"
+            vs = "-" if m == own else tables.fmt_t(paired_t(lr_results, m, own))
+            rows.append(f"| {m} | {len(v)} | {tables.mean_sd(v, 100)} | {vs} |")
         return [
-            f"Learning-rate check (validation problems, not the held-out set; the study keeps lr "
-            f"{self.settings.lr:g} for every arm, this says whether {', '.join(self.lr_check.get('arms', ()))} "
-            "would do better at another):",
+            f"Learning-rate check, exploratory (validation problems, not the held-out set; the study keeps lr "
+            f"{self.settings.lr:g} for every arm whatever this says, and it changes no verdict: it says whether "
+            f"{', '.join(self.lr_check.get('arms', ()))} would do better at another rate):",
             "",
-            "| arm at lr | seeds | validation pass@1 (%) |",
-            "| --- | --- | --- |",
+            f"| arm at lr | seeds | validation pass@1 (%) | vs lr {self.settings.lr:g}, same seeds (points) |",
+            "| --- | --- | --- | --- |",
             *rows,
         ]
 
@@ -609,16 +1016,24 @@ class GPURemediesStudy:
                     for r in rs
                 ]
             )
-            mean = np.nanmean(ys, 0)
-            ax0.plot(grid, mean, color=f"C{i}", marker=".", label=f"{arm} ({len(rs)})")
+            # each milestone at the tokens the runs had generated when evaluated (a DAPO-DS step overshoots more)
+            xs = np.array(
+                [
+                    [next((e["tokens"] for e in r["mid_evals"] if e["milestone"] == m), np.nan) for m in grid]
+                    for r in rs
+                ],
+                dtype=float,
+            )
+            x, mean = np.nanmean(xs, 0), np.nanmean(ys, 0)
+            ax0.plot(x, mean, color=f"C{i}", marker=".", label=f"{arm} ({len(rs)})")
             if len(rs) > 1:
                 sd = np.nanstd(ys, 0, ddof=1)
-                ax0.fill_between(grid, mean - sd, mean + sd, color=f"C{i}", alpha=0.12, lw=0)
+                ax0.fill_between(x, mean - sd, mean + sd, color=f"C{i}", alpha=0.12, lw=0)
             final = [100 * r["heldout_pass1"] for r in rs]
             ax1.bar(i, statistics.mean(final), color=f"C{i}", alpha=0.6)
             ax1.scatter([i] * len(final), final, color="k", s=8, zorder=3)
         ax0.set(
-            xlabel="generated tokens (evaluation milestones)",
+            xlabel="generated tokens when evaluated (mean over seeds)",
             ylabel="held-out pass@1 (%), mid-run subset",
             title="accuracy against generated tokens (mean ± sd over seeds)",
         )
@@ -687,6 +1102,27 @@ class GPURemediesStudy:
             "(the runs in flight finish): fits a study into a job's time limit",
         )
         p.add_argument(
+            "--finish-by",
+            type=float,
+            metavar="MIN",
+            help="start a run (a batch, with the stacked engine) only if it is expected to end within MIN minutes "
+            "of this command's start: as long as the longest one so far in this call, or --batch-minutes for the "
+            "first. A call with a hard time limit (a GPU slot) then ends with its runs finished, not cut",
+        )
+        p.add_argument(
+            "--batch-minutes",
+            type=float,
+            metavar="EST",
+            help="the expected minutes of the first run (batch) for --finish-by (default: unknown, it starts)",
+        )
+        p.add_argument(
+            "--export",
+            metavar="DIR",
+            help="also write each finished run's file into DIR as soon as it finishes (what a time-limited "
+            "call brings back: DIR/<arm>_seed<k>.json, as --publish keeps it under runs/; a call killed at its "
+            "limit keeps those already written)",
+        )
+        p.add_argument(
             "--shard",
             default="0/1",
             metavar="I/N",
@@ -711,6 +1147,20 @@ class GPURemediesStudy:
             "budget never pair with these: publish them into another folder",
         )
         p.add_argument("--report-only", action="store_true", help="rebuild the report from the finished runs only")
+        p.add_argument(
+            "--design",
+            action="store_true",
+            help="write what the verdict licenses at the planned seeds (design.md in --publish or --out: the power "
+            "and detectable effect of the rule as coded, the chance of each verdict) and exit",
+        )
+        p.add_argument(
+            "--take",
+            metavar="DIR",
+            help="publish the run files in DIR (<arm>_seed<k>.json, as a GPU slot or another machine returns "
+            "them) into --publish after checking each: made from the study's frozen commit, of the settings hash "
+            "the published runs share, on a named device, one of the study's planned runs, and not published "
+            "already with other content (nothing is run twice, nothing of another commit or hash mixed in)",
+        )
         p.add_argument(
             "--dry-run",
             action="store_true",
@@ -737,6 +1187,9 @@ class GPURemediesStudy:
             p.error(f"--shard: I/N with 0 <= I < N, got {args.shard!r}")
         if args.k < 1:
             p.error(f"--k must be >= 1, got {args.k}")
+        for flag in ("finish_by", "batch_minutes", "start_runs_for"):
+            if getattr(args, flag) is not None and not getattr(args, flag) > 0:
+                p.error(f"--{flag.replace('_', '-')} must be > 0 minutes, got {getattr(args, flag)}")
         out = Path(args.out)
         published = Path(args.publish) if args.publish else None
         if args.lr_check:
@@ -763,6 +1216,17 @@ class GPURemediesStudy:
             if path and not Path(path).is_file():
                 p.error(f"--{flag[2:]}: no such file: {path}")
         try:
+            if args.design:
+                dest = published or out
+                dest.mkdir(parents=True, exist_ok=True)
+                atomic_write(dest / "design.md", "\n".join(self.design_lines()) + "\n")
+                print((dest / "design.md").read_text(encoding="utf-8"), end="", flush=True)
+                return 0
+            if args.take:
+                if published is None:
+                    p.error("--take needs --publish (the folder the runs go into)")
+                print(self.take(Path(args.take), published), flush=True)
+                return self._report_only(args, out, published)
             if args.report_only:
                 return self._report_only(args, out, published)
             return self._run(args, p, out, published, settings, (i, n))
@@ -784,7 +1248,9 @@ class GPURemediesStudy:
             return text
         pub = Path(args.publish) / "lr_check" if args.publish else None
         lr = self.collect(Path(args.out) / "lr_check", pub) if self.lr_check else []
-        return self.report(self.collect(out, published), published or out, self.failures(out), lr)
+        results = self.collect(out, published)
+        exclude = self.near_duplicates(results[0]["settings"].get("heldout")) if results else frozenset()
+        return self.report(results, published or out, self.failures(out), lr, exclude)
 
     def _run(self, args, p, out: Path, published: Path | None, settings: StudySettings, shard: tuple[int, int]) -> int:
         model = args.model
@@ -844,15 +1310,36 @@ class GPURemediesStudy:
                 return f"[study] no report here ({e}); rebuild it with --report-only where scipy is installed"
 
         def on_done(job: Job, rc: int) -> None:
-            if job.done() and published is not None:
-                self.publish_run(job.result(), published)
+            # a finished run, or one that failed for good (scored by the rule, never run again)
+            r = job.result() if job.done() else self.failed_for_good(job, precision)
+            if r is None:
+                return
+            if published is not None:
+                self.publish_run(r, published)
+            if args.export:
+                store.write_run(r, Path(args.export) / f"{r['method']}_seed{r['seed']}.json", r.get("eval_n", 1))
+            if published is not None:
                 report()
 
-        until = time.monotonic() + 60 * args.start_runs_for if args.start_runs_for is not None else None
-        failed = run_jobs(jobs, args.k, threads=args.threads, on_done=on_done, start_until=until, engine=args.engine)
+        now = time.monotonic()
+        failed = run_jobs(
+            jobs,
+            args.k,
+            threads=args.threads,
+            on_done=on_done,
+            start_until=now + 60 * args.start_runs_for if args.start_runs_for is not None else None,
+            finish_by=now + 60 * args.finish_by if args.finish_by is not None else None,
+            first_launch_s=60 * args.batch_minutes if args.batch_minutes is not None else None,
+            engine=args.engine,
+        )
         print(report(), flush=True)
+        failed = [name for name in failed if not (out / name / "failed.json").exists()]
         if failed:
-            print(f"[study] {len(failed)} runs failed (rerun to resume them): {', '.join(failed)}", file=sys.stderr)
+            print(
+                f"[study] {len(failed)} runs stopped without a result (started again, each resumes from its "
+                f"checkpoint; the report says why each stopped): {', '.join(failed)}",
+                file=sys.stderr,
+            )
         return 1 if failed else 0
 
     def throughput(self, ks: list[int], args, settings: StudySettings, data, out: Path, published: Path | None) -> int:

@@ -42,11 +42,11 @@ class Job:
         return json.loads((self.run_dir / "result.json").read_text(encoding="utf-8"))
 
 
-def _start(job: Job, threads: int, env: dict[str, str]) -> subprocess.Popen:
+def _start(job: Job, threads: int, env: dict[str, str], k: int = 1) -> subprocess.Popen:
     job.run_dir.mkdir(parents=True, exist_ok=True)
     request = job.run_dir / "spec.request.json"  # the loop checks it against the folder's spec.json
     atomic_write(request, job.spec.to_json())
-    child_env = {**os.environ, **env}
+    child_env = {**os.environ, **env, "AVSPO_RUNS_AT_ONCE": str(k)}  # recorded with its wall time
     if threads:  # torch's and OpenMP's pools: K runs must not each take every core
         child_env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     cmd = [sys.executable, "-m", "avspo_openrlhf.study.loop", str(request), str(job.run_dir)]
@@ -79,6 +79,42 @@ def _start_batch(batch: list[Job], threads: int, env: dict[str, str]) -> subproc
         log.close()
 
 
+class Deadline:
+    """When no new run (process engine) or batch (stacked engine) may start: after ``start_until``, or
+    when it would not end by ``finish_by`` (both ``time.monotonic()`` values): a launch is expected to
+    take as long as the longest one so far in this call, or ``first_s`` before any has ended (None:
+    unknown, the first starts). A time-limited call (a GPU slot, a Slurm job) then ends with its
+    runs finished rather than cut."""
+
+    def __init__(self, start_until: float | None = None, finish_by: float | None = None, first_s: float | None = None):
+        self.start_until, self.finish_by, self.longest = start_until, finish_by, first_s
+
+    def ended(self, seconds: float) -> None:
+        self.longest = max(self.longest or 0.0, seconds)
+
+    def why_not(self) -> str | None:
+        """Why no launch may start now, or None."""
+        now = time.monotonic()
+        if self.start_until is not None and now >= self.start_until:
+            return "no new run after the time given"
+        if self.finish_by is not None and self.longest is not None and now + self.longest > self.finish_by:
+            return f"a launch takes ~{self.longest / 60:.1f} min, more than is left before the time to finish by"
+        return None
+
+
+def note_crash(job: Job, rc: int | None, log_file: Path, launched: float) -> None:
+    """A run that ended without a result and without recording an error of its own (the process of its
+    batch crashed, or was killed: out of memory, a signal): ``crashed.json`` in its folder, so the
+    report lists it. It resumes when started again; a crash is not the run's own failure."""
+    own = job.run_dir / "failure.json"
+    if own.exists() and own.stat().st_mtime >= launched:
+        return  # the run recorded its own error in this launch (loop.note_failure)
+    atomic_write(
+        job.run_dir / "crashed.json",
+        json.dumps({"exit_code": rc, "log": str(log_file), "time": time.time()}),
+    )
+
+
 def default_threads(k: int) -> int:
     """CPU threads per run: the cores shared out among the K runs (at least one)."""
     return max(1, len(os.sched_getaffinity(0)) // max(1, k))
@@ -95,37 +131,46 @@ def run_jobs(
     poll_s: float = 0.5,
     start_until: float | None = None,
     engine: str = "process",
+    finish_by: float | None = None,
+    first_launch_s: float | None = None,
 ) -> list[str]:
     """Run ``jobs`` ``k`` at a time; ``on_done(job, returncode)`` after each. No run starts after
-    ``start_until`` (a ``time.monotonic()`` value: a job with a time limit lets its last runs finish
-    instead of killing them midway). Returns the names of the runs that failed (their ``log.txt``
-    says why; they resume when started again). ``engine="stacked"``: the runs go ``k`` to a process
-    of the stacked engine, one batch at a time (each batch uses the whole device)."""
+    ``start_until``, nor one expected to end after ``finish_by`` (:class:`Deadline`; ``first_launch_s``
+    the expected seconds of the first launch): a job with a time limit lets its last runs finish
+    instead of killing them midway. Returns the names of the runs that failed (their ``log.txt``
+    says why, a crash of their process ``crashed.json``; they resume when started again).
+    ``engine="stacked"``: the runs go ``k`` to a process of the stacked engine, one batch at a time
+    (each batch uses the whole device)."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    deadline = Deadline(start_until, finish_by, first_launch_s)
     if engine == "stacked":
-        return _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until)
+        return _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline)
     threads = default_threads(k) if threads is None else threads
     pending = [j for j in jobs if not j.done()]
-    running: dict[str, tuple[Job, subprocess.Popen]] = {}
+    running: dict[str, tuple[Job, subprocess.Popen, float, float]] = {}
     failed: list[str] = []
-    with _Stop(lambda: [proc for _, proc in running.values()]) as stop:
+    with _Stop(lambda: [r[1] for r in running.values()]) as stop:
         total = len(pending)
         while (pending and not stop.stopping) or running:
-            if start_until is not None and pending and time.monotonic() >= start_until:
-                log(f"[study] no new run after the time given: {len(pending)} left for a later call")
+            why = deadline.why_not() if pending and len(running) < k else None
+            if why:
+                log(f"[study] {why}: {len(pending)} left for a later call")
                 pending = []
             while pending and len(running) < k and not stop.stopping:
                 job = pending.pop(0)
-                running[job.name] = (job, _start(job, threads, env or {}))
+                running[job.name] = (job, _start(job, threads, env or {}, k), time.monotonic(), time.time())
                 log(f"[study] started {job.name} ({total - len(pending)}/{total}, {len(running)} running)")
-            for name, (job, proc) in list(running.items()):
+            for name, (job, proc, t0, launched) in list(running.items()):
                 rc = proc.poll()
                 if rc is None:
                     continue
                 del running[name]
+                deadline.ended(time.monotonic() - t0)
                 if rc != 0 or not job.done():
                     failed.append(name)
+                    if not stop.stopping:
+                        note_crash(job, rc, job.run_dir / "log.txt", launched)
                     log(f"[study] {name} failed (exit {rc}): see {job.run_dir / 'log.txt'}")
                 else:
                     log(f"[study] {name} done")
@@ -161,7 +206,7 @@ class _Stop:
         return False
 
 
-def _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until) -> list[str]:
+def _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline: Deadline) -> list[str]:
     """The stacked engine's schedule: batches of ``k`` pending runs, one process at a time."""
     threads = len(os.sched_getaffinity(0)) if threads is None else threads
     pending = [j for j in jobs if not j.done()]
@@ -169,17 +214,22 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, start_until) -> li
     live: list[subprocess.Popen] = []
     with _Stop(lambda: live) as stop:
         while pending and not stop.stopping:
-            if start_until is not None and time.monotonic() >= start_until:
-                log(f"[study] no new run after the time given: {len(pending)} left for a later call")
+            why = deadline.why_not()
+            if why:
+                log(f"[study] {why}: {len(pending)} left for a later call")
                 break
             batch, pending = pending[:k], pending[k:]
             log(f"[study] started a batch of {len(batch)} (stacked): {', '.join(j.name for j in batch)}")
+            launched, t0 = time.time(), time.monotonic()
             live[:] = [_start_batch(batch, threads, env or {})]
             while live[0].poll() is None:
                 time.sleep(poll_s)
+            deadline.ended(time.monotonic() - t0)
             for job in batch:
                 if not job.done():
                     failed.append(job.name)
+                    if not stop.stopping:
+                        note_crash(job, live[0].returncode, batch[0].run_dir / "batch.log", launched)
                     # a run's own failure is in its log.txt; the process's (a crash outside any run) in batch.log
                     logs = [p for p in (job.run_dir / "log.txt", batch[0].run_dir / "batch.log") if p.is_file()]
                     log(f"[study] {job.name} failed (exit {live[0].returncode}): see {' and '.join(map(str, logs))}")

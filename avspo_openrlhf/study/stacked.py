@@ -49,6 +49,9 @@ class StackedConfig:
     rope_theta: float
     qkv_bias: bool
     tied: bool
+    # the embedding row transformers gives no gradient (nn.Embedding's padding_idx = config.pad_token_id): a
+    # real token can carry that id (SmolLM2's pad is its EOS, <|im_end|>, in every chat prompt)
+    padding_idx: int | None = None
 
     @classmethod
     def from_hf(cls, config) -> StackedConfig:
@@ -65,7 +68,11 @@ class StackedConfig:
             )
         theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        bias = config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        # Llama's biases: attention_bias gives o_proj one too, which the forward lacks (Qwen2's q/k/v
+        # biases are computed); refused rather than silently dropped
+        for field, part in (("attention_bias", "an o_proj bias"), ("mlp_bias", "MLP biases")):
+            if getattr(config, field, False):
+                raise ValueError(f"the stacked engine's forward has no {part}: this model sets config.{field}=True")
         if config.num_attention_heads % config.num_key_value_heads:
             raise ValueError(
                 f"{config.num_attention_heads} heads are not a multiple of {config.num_key_value_heads} kv heads"
@@ -80,8 +87,9 @@ class StackedConfig:
             intermediate=config.intermediate_size,
             eps=float(config.rms_norm_eps),
             rope_theta=float(theta),
-            qkv_bias=bias,
+            qkv_bias=config.model_type == "qwen2",
             tied=bool(config.tie_word_embeddings),
+            padding_idx=getattr(config, "pad_token_id", None),
         )
 
 
@@ -107,6 +115,13 @@ def param_names(cfg: StackedConfig) -> list[str]:
     if not cfg.tied:
         names.append("lm_head.weight")
     return names
+
+
+def unread_params(names, cfg: StackedConfig) -> list[str]:
+    """The parameters among ``names`` (a model's, buffers left out) the forward does not read: a part
+    of the model it would silently drop. A tied model's ``lm_head.weight`` is the embedding it reads."""
+    read = set(param_names(cfg)) | ({"lm_head.weight"} if cfg.tied else set())
+    return [n for n in names if n not in read]
 
 
 def stack(state_dicts: list[dict[str, torch.Tensor]], cfg: StackedConfig, device=None) -> dict[str, torch.Tensor]:
@@ -187,6 +202,8 @@ def forward(
     n = K * B
     emb = params["model.embed_tokens.weight"]
     x = emb[torch.arange(K, device=ids.device)[:, None, None], ids]  # [K, B, L, D]
+    if cfg.padding_idx is not None:  # as transformers' embedding: no gradient to the padding row
+        x = torch.where((ids == cfg.padding_idx)[..., None], x.detach(), x)
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
     cos, sin = _rope(pos.reshape(n, L), cfg, dtype)
     cos, sin = cos[:, None], sin[:, None]  # [n, 1, L, hd]
@@ -238,6 +255,29 @@ def forward(
     return _linear(x, head).float()
 
 
+def draw_uniforms(seed: int, rows: int, new_tokens: int) -> torch.Tensor:
+    """The uniforms ``[rows, new_tokens]`` of one generation request: row b's token t is drawn with
+    ``[b, t]``. Both engines draw them so, for all the request's rows in order (each problem repeated
+    n times): a row's tokens depend on the seed, its index and the weights, not on how it is batched."""
+    return torch.rand(rows, new_tokens, generator=torch.Generator().manual_seed(seed))
+
+
+def draw_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Tokens ``[...]`` from logits ``[..., V]``: the inverse-CDF draw of ``u`` ``[...]`` (in [0, 1)) from
+    softmax(logits / temperature); temperature 0 is greedy (the argmax; ``u`` unread).
+
+    The draw is the first token whose CDF exceeds u x total (searchsorted's right side), so never one
+    of probability 0: its CDF equals its predecessor's (the left side drew token 0 at u = 0 whatever
+    its probability). Where u x total rounds up to the total, the draw is the token at which the CDF
+    reaches the total (argmax: its first index), the last one with probability mass, not one past it."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    cdf = torch.softmax(logits.float() / temperature, -1).cumsum(-1)
+    v = u.to(cdf.dtype) * cdf[..., -1]
+    tok = torch.searchsorted(cdf, v[..., None], right=True).squeeze(-1)
+    return torch.minimum(tok, cdf.argmax(-1))
+
+
 @torch.no_grad()
 def generate(
     params: dict[str, torch.Tensor],
@@ -255,10 +295,11 @@ def generate(
     ``uniforms.shape[-1]`` new tokens at most, with a static KV cache.
 
     Token t of sequence (k, b) is the inverse-CDF draw of ``uniforms[k, b, t]`` from softmax(logits /
-    temperature): the random numbers are the caller's, one run's drawn from its own generator, so a
-    run's tokens do not depend on which runs share the batch. After its first EOS a sequence emits
-    ``pad_id``; generation ends when every sequence has ended. ``rows`` ``[K, B]`` bool: the real
-    sequences (False: a filler row of a run with fewer sequences, ended from the start)."""
+    temperature) (:func:`draw_tokens`; temperature 0: the argmax, the uniforms unread): the random
+    numbers are the caller's, one run's drawn from its own generator, so a run's tokens do not depend
+    on which runs share the batch. After its first EOS a sequence emits ``pad_id``; generation ends
+    when every sequence has ended. ``rows`` ``[K, B]`` bool: the real sequences (False: a filler row
+    of a run with fewer sequences, ended from the start)."""
     K, B, Lp = ids.shape
     T = uniforms.shape[-1]
     device = ids.device
@@ -271,10 +312,7 @@ def generate(
         logits = forward(params, cfg, ids, attn, pos, keep=1, cache=cache)[:, :, -1]
     next_pos = pos[:, :, -1] + 1
     for t in range(T):
-        probs = torch.softmax(logits / temperature, -1)
-        cdf = probs.cumsum(-1)
-        u = uniforms[..., t].to(cdf.dtype) * cdf[..., -1]
-        tok = torch.searchsorted(cdf, u[..., None]).squeeze(-1).clamp_max(cfg.vocab - 1)
+        tok = draw_tokens(logits, uniforms[..., t], temperature)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         out[:, :, t] = tok
         done = done | torch.isin(tok, eos_ids)

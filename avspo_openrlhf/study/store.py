@@ -17,26 +17,37 @@ def run_file(published: Path, method: str, seed: int) -> Path:
     return published / "runs" / f"{method}_seed{seed}.json"
 
 
+# a run's per-problem records and the samples each holds (None: the run's n): packed when published
+PER_PROBLEM = {"per_problem": None, "per_problem_greedy": 1}
+
+
 def publish_run(r: dict, published: Path, n: int) -> Path:
     """Write run ``r`` into ``published`` (atomically: a report beside a running study never reads
-    half a file), its per-problem accuracies packed as counts of ``n`` samples."""
-    path = run_file(published, r["method"], r["seed"])
+    half a file), its per-problem accuracies packed as counts of ``n`` samples (greedy: of one); a
+    failed run's record has none."""
+    return write_run(r, run_file(published, r["method"], r["seed"]), n)
+
+
+def write_run(r: dict, path: Path, n: int) -> Path:
+    """Run ``r`` as one file at ``path``, as :func:`publish_run` keeps it (atomically, packed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    packed = {**r, "per_problem": tables.pack_per_problem(r["per_problem"], n)}
+    packed = {**r, **{k: tables.pack_per_problem(r[k], m or n) for k, m in PER_PROBLEM.items() if r.get(k) is not None}}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(packed, indent=None), encoding="utf-8")
     os.replace(tmp, path)
     return path
 
 
+def read_run(path: Path) -> dict:
+    """One run file as :func:`write_run` keeps it, its per-problem records unpacked."""
+    r = json.loads(path.read_text(encoding="utf-8"))
+    return {**r, **{k: tables.unpack_per_problem(r[k]) for k in PER_PROBLEM if isinstance(r.get(k), dict)}}
+
+
 def read_runs(published: Path) -> list[dict]:
     """The runs ``published`` holds, their per-problem records unpacked, in file order (a run without
     them is read as it is: :func:`collect` refuses it, naming it)."""
-    runs = []
-    for f in sorted((published / "runs").glob("*.json")):
-        r = json.loads(f.read_text(encoding="utf-8"))
-        runs.append({**r, "per_problem": tables.unpack_per_problem(r["per_problem"])} if "per_problem" in r else r)
-    return runs
+    return [read_run(f) for f in sorted((published / "runs").glob("*.json"))]
 
 
 def collect(out: Path, published: Path | None) -> list[dict]:
@@ -46,7 +57,8 @@ def collect(out: Path, published: Path | None) -> list[dict]:
     runs: dict[tuple[str, int], dict] = {}
     if published is not None:
         runs = {(r["method"], r["seed"]): r for r in read_runs(published)}
-    for f in sorted(out.glob("*_seed*/result.json")):
+    # a finished run's result, or the record of a run that failed for good (remedies_gpu.FAIL_ATTEMPTS)
+    for f in sorted([*out.glob("*_seed*/result.json"), *out.glob("*_seed*/failed.json")]):
         r = json.loads(f.read_text(encoding="utf-8"))
         runs.setdefault((r["method"], r["seed"]), r)
     results = list(runs.values())

@@ -47,3 +47,32 @@ def test_left_padded_rows_give_finite_gradients_in_bf16(study_assets, tmp_path):
     lp, _ = run.policy.logprobs_entropy(ro.ids, ro.attn, ro.mask.shape[1], False, 0.7)
     (lp * ro.mask).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in run.policy.model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("model", ["tiny", "smollm2-shape"])
+def test_the_engines_update_alike_within_bf16_rounding(study_assets, study_rewards, tmp_path, model):
+    """study/engine_check.py in bf16 autocast: every arm's stacked update against its process update,
+    within 2 x the process engine's own bf16-vs-fp32 difference. The JSON goes to $OUT where set (the
+    device run's folder that comes back), else beside the test's other outputs."""
+    import json
+    import os
+    from pathlib import Path
+
+    from avspo_openrlhf.study import engine_check
+
+    folder = study_assets["model"] if model == "tiny" else engine_check.smollm2_shape()
+    arms = {
+        "GRPO": Arm("grpo"),
+        "AVSPO": Arm("avspo", {"strategy": "stratified"}),
+        "sign": Arm("sign"),
+        "RL-ZVP": Arm("rl_zvp", {"std_convention": "population", "eps": 1e-6}),
+        "NGRPO": Arm("ngrpo"),
+        "random-sign": Arm("grpo", control="random_sign"),
+        "DAPO-DS": Arm("grpo", dynamic=True),
+    }
+    res = engine_check.check_engines(folder, small_study(prompts_per_step=6, dtype="bf16"), arms)
+    out = Path(os.environ.get("OUT") or tmp_path) / f"engine_check_{model}.json"
+    out.write_text(json.dumps(res, indent=1), encoding="utf-8")
+    print(engine_check.table(res))
+    assert res["dtype"] == "bf16" and res["ok"], engine_check.table(res)
+    assert all(r["rounding"]["dw_rel"] > 0 for r in res["arms"].values())  # bf16 did round
