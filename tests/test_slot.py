@@ -163,3 +163,17 @@ def test_a_slot_rehearsed_on_the_cpu(tmp_path):
     second = exported(outs[3])
     assert sorted(second) == ["AVSPO_seed1.json", "GRPO_seed1.json"], "a published run was run again"
     assert all(run["commit"] == commit for run in second.values())
+
+
+def test_the_frozen_commit_is_one_commit_named_where_the_study_says_it():
+    """experiments/remedies_gpu/FROZEN holds the study's one commit, the README names it, and (in a clone
+    with its history) it is a commit whose tree holds the study's code."""
+    root = Path(__file__).resolve().parents[1]
+    commit = (root / "experiments" / "remedies_gpu" / "FROZEN").read_text(encoding="utf-8").strip()
+    assert len(commit) == 40 and all(c in "0123456789abcdef" for c in commit)
+    assert f"**Frozen commit: `{commit}`**" in (root / "experiments" / "remedies_gpu" / "README.md").read_text()
+    if (root / ".git").exists():
+        r = subprocess.run(
+            ["git", "-C", str(root), "cat-file", "-e", f"{commit}:avspo_openrlhf/study/loop.py"], capture_output=True
+        )
+        assert r.returncode == 0, f"{commit} is not a commit of this repository with the study loop"
