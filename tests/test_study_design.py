@@ -579,6 +579,7 @@ def test_the_verdict_reads_the_planned_seeds_and_no_other(tmp_path):
     assert got["decision"] == planned["decision"]
     assert got["summary"]["AVSPO"]["vs_GRPO"] == planned["summary"]["AVSPO"]["vs_GRPO"]
     assert "Runs beyond the planned seeds" in text and "| RL-ZVP | 8 | 10.0 |" in text
+    assert st.split_planned([_fake_with("GRPO", -1, 0.5)]) == ([], [_fake_with("GRPO", -1, 0.5)])  # no seed -1
     # seed 7 of sign missing, seed 8 in its place: incomplete, no verdict, the missing seed named
     holes = [r for r in extra if not (r["method"] == "sign" and r["seed"] == 7)]
     text = st.report(holes, tmp_path / "holes")
@@ -598,10 +599,17 @@ def test_the_interval_beside_a_verdict_is_at_its_holm_level_and_identical_arms_a
         "c": [0.0] * 8,
     }
     got = rule(d, margin=0.05)
-    assert [round(got[a]["level"], 6) for a in "abc"] == [round(1 - 0.05 / 3, 6), 0.975, 0.95]
+    # b and c tie at p = 1 (every difference sums to 0): one Holm p, one level, their first rank's
+    assert [round(got[a]["level"], 6) for a in "abc"] == [round(1 - 0.05 / 3, 6), 0.975, 0.975]
     assert got["a"]["ci"] == pytest.approx(list(stats.t_interval(d["a"], 1 - 0.05 / 3)[2:]))
     assert got["a"]["verdict"] == "better" and got["a"]["holm"] == pytest.approx(3 * 2 / 256)
     assert got["b"]["verdict"] == "equivalent" and got["c"]["verdict"] == "identical"
+    # tied p's, which Holm adjusts alike, share the level of their first rank
+    from avspo_openrlhf.study.remedies_gpu import holm_levels
+
+    assert holm_levels({"x": 0.01, "y": 0.01, "z": 0.5}) == pytest.approx(
+        {"x": 1 - 0.05 / 3, "y": 1 - 0.05 / 3, "z": 0.95}
+    )
     # Holm as statsmodels has it
     from statsmodels.stats.multitest import multipletests
 
@@ -681,6 +689,48 @@ def test_runs_made_elsewhere_are_taken_only_from_the_frozen_commit_and_hash_and_
             "twice": "published already with other content",
         }[name] in str(e.value)
     assert len(store.read_runs(pub)) == 2  # all or none: the good one beside each was not taken
+    # a smoke run of the frozen commit at another budget is not the study's, whatever its hash
+    other = tmp_path / "other"
+    settings = {**_fake("GRPO", 1, 0.5)["settings"], "settings": {**dataclasses.asdict(SMALL), "token_budget": 7}}
+    store.write_run(_fake_with("GRPO", 1, 0.5, settings=settings), other / "GRPO_seed1.json", 4)
+    with pytest.raises(StudyError, match="not the study's settings.*token_budget"):
+        st.take(other, pub)
+    # a run's failed launches elsewhere: published under failures/, the larger count kept, listed by the report
+    fails = tmp_path / "fails"
+    fails.mkdir()
+    (fails / "sign_seed1.failure.json").write_text(json.dumps({"attempts": 1, "error": "ValueError: x", "time": 0}))
+    assert "1 records of failed launches" in st.take(fails, pub)
+    (listed,) = st.failures(tmp_path / "no_runs_here", pub)["sign"]
+    assert "its own error in 1 launch(es) elsewhere" in listed
+
+
+def test_a_runs_failed_launches_add_up_across_machines_and_only_its_own_errors_count(tmp_path):
+    """A GPU slot is a fresh machine: a run's failed launches are published and restored into its
+    folder on the next, so that a second failure there makes it fail for good; out of memory, a device
+    error, a busy folder or a folder of another spec are the machine's, not the run's."""
+    import torch
+
+    from avspo_openrlhf.folder_lock import FolderBusy
+    from avspo_openrlhf.study.loop import SpecMismatch, note_failure, own_error
+
+    pub, run_dir = tmp_path / "pub", tmp_path / "here" / "AVSPO_seed0"
+    run_dir.mkdir(parents=True)
+    note_failure(run_dir, "ValueError: bad row")
+    GPURemediesStudy.keep_failure(run_dir, pub, str(tmp_path / "export"))
+    assert json.loads((tmp_path / "export" / "AVSPO_seed0.failure.json").read_text())["attempts"] == 1
+    fresh = tmp_path / "next_machine" / "AVSPO_seed0"
+    GPURemediesStudy.restore_failure(fresh, pub)
+    assert note_failure(fresh, "ValueError: bad row")["attempts"] == 2  # the rule's second launch
+    assert own_error(ValueError("bad row")) and own_error(FloatingPointError("nan"))
+    for machine in (
+        torch.OutOfMemoryError("CUDA out of memory"),
+        MemoryError(),
+        RuntimeError("CUDA error: an illegal memory access was encountered"),
+        FolderBusy("busy"),
+        SpecMismatch("another spec"),
+        KeyboardInterrupt(),
+    ):
+        assert not own_error(machine), machine
 
 
 def test_probability_of_improvement_and_p_formatting():

@@ -71,13 +71,17 @@ def per_seed_diffs(
     mean per-problem difference within each level, so each level weighs the same, as in the runs'
     held-out pass@1. Every seed's difference is over the same problems: those every run of the
     comparison holds (a run evaluated on a subset pairs with the rest on that subset), restricted
-    by ``keep(unique_id)``."""
+    by ``keep(unique_id)``. A seed where either run failed for good (:data:`FAILED_SCHEMA`) counts as
+    the difference of the two held-out pass@1 (the rule's score), and is left out where ``keep``
+    restricts the problems."""
     a = {r["seed"]: r for r in results if r["method"] == method}
     b = {r["seed"]: r for r in results if r["method"] == base}
     seeds = sorted(set(a) & set(b))
     whole = [s for s in seeds if not (failed(a[s]) or failed(b[s]))]
-    if not seeds or (keep is not None and len(whole) < len(seeds)):
-        return {}  # a failed run has no per-problem records: no per-level or subset difference
+    if keep is not None:  # a failed run has no per-problem records: a per-level or subset row leaves its seed out
+        seeds = whole
+    if not seeds:
+        return {}
     ids = set.intersection(*(set(a[s]["per_problem"]) & set(b[s]["per_problem"]) for s in whole)) if whole else set()
     ids = sorted(i for i in ids if keep is None or keep(i))
     if whole and not ids:

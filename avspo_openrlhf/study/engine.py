@@ -32,7 +32,16 @@ from pathlib import Path
 import torch
 
 from avspo_openrlhf.study import stacked
-from avspo_openrlhf.study.loop import Generate, Policy, Run, RunSpec, Update, note_failure, token_logprobs_entropy
+from avspo_openrlhf.study.loop import (
+    Generate,
+    Policy,
+    Run,
+    RunSpec,
+    Update,
+    note_failure,
+    own_error,
+    token_logprobs_entropy,
+)
 
 
 class RunView:
@@ -115,7 +124,8 @@ class StackedEngine:
         self.dirs[k].mkdir(parents=True, exist_ok=True)
         with open(self.dirs[k] / "log.txt", "a", encoding="utf-8") as f:
             f.write(text)
-        note_failure(self.dirs[k], self.failed[k])  # the run's own error: a study's rule counts its launches
+        if own_error(sys.exc_info()[1]):  # not the machine's (out of memory, a device error): a study's rule counts it
+            note_failure(self.dirs[k], self.failed[k])
         self.log(f"[{spec.method} seed {spec.seed}] failed: {self.failed[k]}")
         self.runs.pop(k, None)
 

@@ -757,6 +757,24 @@ def atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+class SpecMismatch(ValueError):
+    """A run folder holds a run of another spec: the caller's mistake, not the run's failure."""
+
+
+def own_error(exc: BaseException) -> bool:
+    """Whether an exception is the run's own failure (its logic, its data, its numbers), which a study's
+    rule counts (``remedies_gpu.FAIL_ATTEMPTS``), or the machine's: out of memory, a CUDA or device
+    error (sticky: every run of the process meets it), a folder locked by another process, a run folder
+    of another spec. Those are not the run's: it resumes when started again."""
+    from avspo_openrlhf.folder_lock import FolderBusy
+
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError, FolderBusy, SpecMismatch)):
+        return False
+    if isinstance(exc, getattr(torch, "AcceleratorError", ())) or "CUDA error" in str(exc):
+        return False
+    return isinstance(exc, Exception)
+
+
 def note_failure(run_dir: Path, error: str) -> dict:
     """Record in ``failure.json`` that the run in ``run_dir`` stopped on an error of its own (a raise in
     its logic or its part of a batched call; not a crash of the process it shared): the launches that
@@ -911,7 +929,7 @@ class Run:
         path = self.dir / "spec.json"
         text = self.spec.to_json()
         if path.exists() and path.read_text(encoding="utf-8") != text:
-            raise ValueError(f"{self.dir} holds a run of another spec ({path}); use another folder or delete it")
+            raise SpecMismatch(f"{self.dir} holds a run of another spec ({path}); use another folder or delete it")
         atomic_write(path, text)
 
     def _resume(self) -> None:
@@ -1341,8 +1359,9 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec.from_json(Path(args.spec).read_text(encoding="utf-8"))
     try:
         res = run(spec, Path(args.run_dir), lambda line: print(f"[{spec.method} seed {spec.seed}] {line}", flush=True))
-    except Exception as e:  # the run's own error (its traceback follows in its log); a kill is not one
-        note_failure(Path(args.run_dir), f"{type(e).__name__}: {e}")
+    except Exception as e:  # its traceback follows in its log; a kill is no exception
+        if own_error(e):  # the run's own, not the machine's (out of memory, a device error, a busy folder)
+            note_failure(Path(args.run_dir), f"{type(e).__name__}: {e}")
         raise
     pass1 = res["heldout_pass1"]
     print(

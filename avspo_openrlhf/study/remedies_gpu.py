@@ -34,6 +34,7 @@ from pathlib import Path
 from avspo_openrlhf import stats
 from avspo_openrlhf.study import compare, store, tables
 from avspo_openrlhf.study.loop import (
+    PERFORMANCE_ONLY,
     Arm,
     RunSpec,
     StudySettings,
@@ -47,6 +48,7 @@ from avspo_openrlhf.study.loop import (
 )
 from avspo_openrlhf.study.scheduler import Job, measure_throughput, run_jobs
 
+STARTED = time.monotonic()  # when this command started (its imports first): --finish-by counts from here
 ALPHA = 0.05  # the family-wise error rate of the primary comparisons (Holm)
 MARGIN = 0.05  # the default "no difference larger than" margin (a study sets its own: GPURemediesStudy.margin)
 POWER = 0.8  # the power at which the minimum detectable effect is stated
@@ -110,10 +112,13 @@ def seeds_for_effect(
 
 def holm_levels(p: dict[str, float], alpha: float = ALPHA) -> dict[str, float]:
     """The confidence level of the interval beside each comparison's Holm verdict: the comparison of
-    rank j (ascending p, ties in the family's order) is tested at alpha / (m - j + 1), so its
-    interval is at 1 - alpha / (m - j + 1) (the largest p's at 1 - alpha)."""
+    rank j (ascending p) is tested at alpha / (m - j + 1), so its interval is at 1 - alpha / (m - j + 1)
+    (the largest p's at 1 - alpha); tied p's, which Holm adjusts alike, at their first rank's level."""
     ranked = sorted(p, key=lambda a: p[a])
-    return {a: 1 - alpha / (len(p) - j) for j, a in enumerate(ranked)}
+    first = {}  # tied p's share one adjusted p, so one level: that of the block's first rank
+    for j, a in enumerate(ranked):
+        first.setdefault(p[a], j)
+    return {a: 1 - alpha / (len(p) - first[p[a]]) for a in ranked}
 
 
 def rule(per_seed: dict[str, list[float] | None], margin: float, alpha: float = ALPHA) -> dict[str, dict]:
@@ -323,6 +328,7 @@ class GPURemediesStudy:
     lr_check: dict = field(default_factory=dict)  # {"arms": (...), "lrs": (...), "seeds": n}: on the validation set
     plugins: tuple[str, ...] = ()  # modules a run imports first (a user's remedy as an arm)
     frozen_file: str | None = None  # a file holding the commit the study's runs must come from (--take checks it)
+    runs_per_slot: int | None = None  # runs one GPU slot makes (the incomplete banner's slots still needed)
     margin: float = MARGIN  # "no difference larger than margin": an interval at its Holm level inside +-margin
     # exploratory paired contrasts beside the comparisons with the base: (arm, other, what it isolates)
     contrasts: tuple[tuple[str, str, str], ...] = ()
@@ -454,14 +460,51 @@ class GPURemediesStudy:
         return results
 
     @staticmethod
-    def failures(out: Path) -> dict[str, list[str]]:
+    def keep_failure(run_dir: Path, published: Path | None, export: str | None) -> None:
+        """A run's record of its own failed launches (``failure.json``), published under ``failures/`` and
+        exported as ``<run>.failure.json``: the next machine starts from its count (:meth:`restore_failure`)."""
+        text = (run_dir / "failure.json").read_text(encoding="utf-8")
+        for path in (
+            published / "failures" / f"{run_dir.name}.json" if published else None,
+            Path(export) / f"{run_dir.name}.failure.json" if export else None,
+        ):
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, text)
+
+    @staticmethod
+    def restore_failure(run_dir: Path, published: Path | None) -> None:
+        """The published count of a run's failed launches into its folder, where it is larger (a run that
+        failed on one GPU slot is launched afresh on the next machine: its launches add up)."""
+        src = published / "failures" / f"{run_dir.name}.json" if published else None
+        if src is None or not src.exists():
+            return
+        here = run_dir / "failure.json"
+        attempts = json.loads(here.read_text(encoding="utf-8"))["attempts"] if here.exists() else 0
+        if json.loads(src.read_text(encoding="utf-8"))["attempts"] > attempts:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write(here, src.read_text(encoding="utf-8"))
+
+    @staticmethod
+    def failures(out: Path, published: Path | None = None) -> dict[str, list[str]]:
         """Runs that stopped without a result and have not failed for good (they resume when started
         again), per arm, each said in words: an error of its own (``failure.json``: launches so far,
         the error), a crash of the process it shared (``crashed.json``: exit code, the log holding it),
-        or a traceback in its log (a run of an earlier version)."""
+        or a traceback in its log (a run of an earlier version); and the published records of runs that
+        stopped on another machine (``<published>/failures/``, :meth:`keep_failure`)."""
         failed: dict[str, list[str]] = {}
+        done = {f"{r['method']}_seed{r['seed']}" for r in (store.read_runs(published) if published else [])}
+        here = {d.name for d in out.glob("*_seed*")}
+        for f in sorted((published / "failures").glob("*_seed*.json")) if published else []:
+            if f.stem in done or f.stem in here:
+                continue
+            arm, _, seed = f.stem.rpartition("_seed")
+            r = json.loads(f.read_text(encoding="utf-8"))
+            failed.setdefault(arm, []).append(
+                f"seed {seed}: its own error in {r['attempts']} launch(es) elsewhere, last {r['error']!r}"
+            )
         for d in sorted(out.glob("*_seed*")):
-            if (d / "result.json").exists() or (d / "failed.json").exists():
+            if (d / "result.json").exists() or (d / "failed.json").exists() or d.name in done:
                 continue
             arm, _, seed = d.name.rpartition("_seed")
             own, crash, log = d / "failure.json", d / "crashed.json", d / "log.txt"
@@ -486,41 +529,67 @@ class GPURemediesStudy:
 
     def take(self, folder: Path, published: Path) -> str:
         """Publish the run files of ``folder`` (runs made elsewhere: a GPU slot, another machine) after
-        checking every one, all or none: its commit is the frozen one, its settings pair with what is
-        published (one hash), its device is named, it is a planned run of the study, and a run already
-        published is skipped when identical and refused when not. Returns what it did, in words."""
-        files = sorted(folder.glob("*_seed*.json"))
-        if not files:
+        checking every one, all or none: its commit is the frozen one, its settings are the study's
+        (the performance-only ones and the engine aside) and pair with what is published (one hash),
+        its device is named, it is a planned run of the study (or of its learning-rate check, published
+        under ``lr_check/``), and a run already published is skipped when identical and refused when
+        not. ``<run>.failure.json`` files (a run's failed launches elsewhere) are published under
+        ``failures/`` where they count more launches. Returns what it did, in words."""
+        runs = sorted(f for f in folder.glob("*_seed*.json") if not f.name.endswith(".failure.json"))
+        fails = sorted(folder.glob("*_seed*.failure.json"))
+        if not runs and not fails:
             raise StudyError(f"--take: no <arm>_seed<k>.json run files in {folder}")
-        frozen, have = self.frozen_commit(), store.collect(Path("/nonexistent"), published)
-        taken, same, problems = [], 0, []
-        for f in files:
+        frozen, lr_arms = self.frozen_commit(), self.lr_arms()
+        own = {k: v for k, v in asdict(self.settings).items() if k not in (*PERFORMANCE_ONLY, "engine")}
+        taken: dict[Path, list[dict]] = {}
+        same, problems = 0, []
+        for f in runs:
             r = store.read_run(f)
-            name = f"{r.get('method')} seed {r.get('seed')}"
+            method, seed = r.get("method"), r.get("seed")
+            dest = published / "lr_check" if method in lr_arms else published
+            planned = self.lr_check.get("seeds", 0) if method in lr_arms else self.seeds.get(method, 0)
+            if not isinstance(seed, int) or not 0 <= seed < planned:
+                problems.append(f"{f.name}: {method} seed {seed} is not a planned run of this study")
+                continue
             if frozen is not None and r.get("commit") != frozen:
                 problems.append(f"{f.name}: commit {r.get('commit')!r}, not the frozen {frozen}")
             if not r.get("device"):
                 problems.append(f"{f.name}: no device recorded")
-            if r.get("method") not in self.arms or not 0 <= int(r.get("seed", -1)) < self.seeds.get(r["method"], 0):
-                problems.append(f"{f.name}: {name} is not a planned run of this study")
-            old = store.run_file(published, r["method"], r["seed"])
+            ran = {k: v for k, v in (r.get("settings") or {}).get("settings", {}).items() if k in own}
+            if ran != own:
+                diff = settings_difference(own, ran)
+                problems.append(f"{f.name}: not the study's settings ({'; '.join(diff[:3]) or 'no settings'})")
+            old = store.run_file(dest, method, seed)
             if old.exists():
                 if old.read_bytes() != f.read_bytes():
-                    problems.append(f"{f.name}: {name} is published already with other content")
+                    problems.append(f"{f.name}: {method} seed {seed} is published already with other content")
                 else:
                     same += 1
                 continue
-            taken.append(r)
-        try:
-            compare.check_results(taken, str(folder))
-            check_pairable(have + taken)
-        except ValueError as e:  # a file of another version, or runs of other settings
-            problems.append(str(e))
+            taken.setdefault(dest, []).append(r)
+        for dest, rs in taken.items():
+            try:
+                compare.check_results(rs, str(folder))
+                check_pairable(store.collect(folder / "__none__", dest) + rs)
+            except ValueError as e:  # a file of another version, or runs of other settings
+                problems.append(str(e))
         if problems:
             raise StudyError("--take refused every run (nothing published):\n  " + "\n  ".join(problems))
-        for r in taken:
-            self.publish_run(r, published)
-        return f"[study] took {len(taken)} runs into {published} ({same} published already, identical)"
+        for dest, rs in taken.items():
+            for r in rs:
+                self.publish_run(r, dest)
+        counted = 0
+        for f in fails:  # a run's failed launches: the larger count wins (each machine counts from the last)
+            name = f.name.removesuffix(".failure.json")
+            rec, old = json.loads(f.read_text(encoding="utf-8")), published / "failures" / f"{name}.json"
+            if not old.exists() or rec["attempts"] > json.loads(old.read_text(encoding="utf-8"))["attempts"]:
+                old.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(old, json.dumps(rec))
+                counted += 1
+        return (
+            f"[study] took {sum(map(len, taken.values()))} runs into {published} ({same} published already, "
+            f"identical); {counted} records of failed launches"
+        )
 
     def failed_for_good(self, job: Job, precision: str) -> dict | None:
         """The record of a run that failed on an error of its own in :data:`FAIL_ATTEMPTS` launches,
@@ -567,8 +636,7 @@ class GPURemediesStudy:
         verdict over whatever seeds exist would allow stopping when it suits and replacing a seed)."""
         planned, extra = [], []
         for r in results:
-            n = self.seeds.get(r["method"])
-            (extra if n is not None and r["seed"] >= n else planned).append(r)
+            (planned if 0 <= r["seed"] < self.seeds.get(r["method"], 0) else extra).append(r)
         return planned, extra
 
     def summary(self, results: list[dict], exclude: frozenset[str] = frozenset()) -> dict:
@@ -774,9 +842,12 @@ class GPURemediesStudy:
         failed = failed or {}
         lines = [self.header(results, record), ""]
         if not decision["complete"]:
+            left = sum(max(0, n - summary.get(a, {}).get("seeds", 0)) for a, n in self.seeds.items())
+            slots = f" ({left} runs in all: about {math.ceil(left / self.runs_per_slot)} GPU slots of {self.runs_per_slot} runs)"
             lines += [
                 "**Incomplete: no verdict yet.** Primary runs missing: "
                 + ", ".join(f"{a} {m} of {self.seeds.get(a, 0)}" for a, m in decision["missing"].items())
+                + (slots if self.runs_per_slot else "")
                 + ". Every number below is provisional.",
                 "",
             ]
@@ -1250,7 +1321,7 @@ class GPURemediesStudy:
         lr = self.collect(Path(args.out) / "lr_check", pub) if self.lr_check else []
         results = self.collect(out, published)
         exclude = self.near_duplicates(results[0]["settings"].get("heldout")) if results else frozenset()
-        return self.report(results, published or out, self.failures(out), lr, exclude)
+        return self.report(results, published or out, self.failures(out, published), lr, exclude)
 
     def _run(self, args, p, out: Path, published: Path | None, settings: StudySettings, shard: tuple[int, int]) -> int:
         model = args.model
@@ -1306,29 +1377,40 @@ class GPURemediesStudy:
         def report() -> str:
             try:
                 return self._rebuild(args, out, published)
-            except ImportError as e:  # a bare GPU machine without scipy/statsmodels: the runs are published
-                return f"[study] no report here ({e}); rebuild it with --report-only where scipy is installed"
+            except Exception as e:  # noqa: BLE001  the runs are published: a report is made again with --report-only
+                return f"[study] no report here ({type(e).__name__}: {e}); rebuild it with --report-only"
 
-        def on_done(job: Job, rc: int) -> None:
-            # a finished run, or one that failed for good (scored by the rule, never run again)
-            r = job.result() if job.done() else self.failed_for_good(job, precision)
-            if r is None:
-                return
+        def keep(r: dict) -> None:
+            """A finished run, or one that failed for good: published, and exported at once (a call killed at
+            its limit has returned it); no report per run (it would delay the next one's export)."""
             if published is not None:
                 self.publish_run(r, published)
             if args.export:
                 store.write_run(r, Path(args.export) / f"{r['method']}_seed{r['seed']}.json", r.get("eval_n", 1))
-            if published is not None:
-                report()
 
-        now = time.monotonic()
+        def on_done(job: Job, rc: int) -> None:
+            r = job.result() if job.done() else self.failed_for_good(job, precision)
+            if r is not None:
+                keep(r)
+            elif (job.run_dir / "failure.json").exists():  # its own error, to resume: its launches travel too
+                self.keep_failure(job.run_dir, published, args.export)
+
+        # runs finished here and not published (a call killed while its engine went on): kept now
+        have = {(r["method"], r["seed"]) for r in (store.read_runs(published) if published else [])}
+        for r in finished:
+            if (r["method"], r["seed"]) not in have:
+                keep(r)
+        # a run's failed launches so far, wherever they were (published from another machine): its rule counts all
+        for job in jobs:
+            self.restore_failure(job.run_dir, published)
+        started = STARTED  # the deadline counts the command's own start-up: the model's conversion, the data
         failed = run_jobs(
             jobs,
             args.k,
             threads=args.threads,
             on_done=on_done,
-            start_until=now + 60 * args.start_runs_for if args.start_runs_for is not None else None,
-            finish_by=now + 60 * args.finish_by if args.finish_by is not None else None,
+            start_until=started + 60 * args.start_runs_for if args.start_runs_for is not None else None,
+            finish_by=started + 60 * args.finish_by if args.finish_by is not None else None,
             first_launch_s=60 * args.batch_minutes if args.batch_minutes is not None else None,
             engine=args.engine,
         )

@@ -224,7 +224,6 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline: Deadline
             live[:] = [_start_batch(batch, threads, env or {})]
             while live[0].poll() is None:
                 time.sleep(poll_s)
-            deadline.ended(time.monotonic() - t0)
             for job in batch:
                 if not job.done():
                     failed.append(job.name)
@@ -237,6 +236,7 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline: Deadline
                     log(f"[study] {job.name} done")
                 if on_done is not None:
                     on_done(job, live[0].returncode if not job.done() else 0)
+            deadline.ended(time.monotonic() - t0)  # publishing its runs included: the next batch waits for it too
     return failed
 
 

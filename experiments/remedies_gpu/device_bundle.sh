@@ -43,18 +43,26 @@ echo "$COMMIT" >"$B/COMMIT"
 if [ "$MODEL" = smollm2 ]; then
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform any -d "$B/wheels" gguf==0.19.0
-  GGUF=$("$PY" -c "from avspo_openrlhf.cpu.models import _smollm2_gguf; print(_smollm2_gguf())")
-  split -n 2 -d -a 1 "$GGUF" "$B/gguf.part-"
-  sha256sum "$GGUF" | cut -d' ' -f1 >"$B/gguf.sha256"
-  for p in "$B"/gguf.part-*; do
-    [ "$(stat -c %s "$p")" -lt $((60 * 1024 * 1024)) ] || die "$p is 60 MiB or more: it leaves too little room beside the working tree"
-  done
 fi
 
 # each call also carries the working tree (tracked and untracked-not-ignored files, and shared/)
 # (a tracked file deleted in the checkout is listed, not carried: du skips it and fails, hence `|| true`)
 TREE=$(cd "$ROOT" && { git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null || true; } | tail -1 | cut -f1)
 if [ -d "$ROOT/shared" ]; then TREE=$((TREE + $(du -sbL "$ROOT/shared" | cut -f1))); fi
+PARTS=0
+if [ "$MODEL" = smollm2 ]; then
+  GGUF=$("$PY" -c "from avspo_openrlhf.cpu.models import _smollm2_gguf; print(_smollm2_gguf())")
+  # as few parts as fit beside the working tree, which grows with the published runs (~40 kB each), and
+  # the first transfer's tree and wheel, with 2 MiB to spare: 2 parts while the tree is small, then 3
+  EXTRA=$(du -cb "$B/tree.tar.gz" "$B/wheels" | tail -1 | cut -f1)
+  SIZE=$(stat -c %s "$GGUF")
+  for PARTS in 2 3 4; do
+    [ $((TREE + EXTRA + (SIZE + PARTS - 1) / PARTS + 2 * 1024 * 1024)) -lt "$LIMIT" ] && break
+  done
+  split -n "$PARTS" -d -a 1 "$GGUF" "$B/gguf.part-"
+  sha256sum "$GGUF" | cut -d' ' -f1 >"$B/gguf.sha256"
+  echo "$PARTS" >"$B/gguf.parts"
+fi
 carry() { # name, then the paths of one transfer: its JSON carry list and its size with the working tree
   local name=$1 total=$TREE list="" p
   shift
@@ -69,9 +77,10 @@ carry() { # name, then the paths of one transfer: its JSON carry list and its si
 echo "device_bundle.sh: .gpu_bundle/ holds commit $COMMIT (model: $MODEL)"
 FIRST=(.gpu_bundle/tree.tar.gz .gpu_bundle/wheels .gpu_bundle/COMMIT)
 if [ "$MODEL" = smollm2 ]; then
-  FIRST+=(.gpu_bundle/gguf.sha256 .gpu_bundle/gguf.part-0)
+  FIRST+=(.gpu_bundle/gguf.sha256 .gpu_bundle/gguf.parts .gpu_bundle/gguf.part-0)
   carry "transfer 1 (slot.sh stage)" "${FIRST[@]}"
-  carry "transfer 2 (slot.sh runs MINUTES)" .gpu_bundle/gguf.part-1
+  for ((k = 1; k < PARTS - 1; k++)); do carry "transfer $((k + 1)) (slot.sh stage)" ".gpu_bundle/gguf.part-$k"; done
+  carry "transfer $PARTS (slot.sh runs MINUTES)" ".gpu_bundle/gguf.part-$((PARTS - 1))"
 else
   carry "transfer 1 (slot.sh stage)" "${FIRST[@]}"
   echo "transfer 2 (slot.sh runs MINUTES --model tiny|DIR): carry nothing"

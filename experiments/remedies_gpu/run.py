@@ -94,6 +94,7 @@ STUDY = GPURemediesStudy(
     contrasts=(("sign", "random-sign", "what the sign's information adds"),),
     margin=TARGET_EFFECT,
     frozen_file=str(Path(__file__).with_name("FROZEN")),  # the commit every run comes from (README.md)
+    runs_per_slot=24,  # one stacked batch of 24 in a slot's 9-minute call (README.md: 24 to 48 a slot)
     planning_sd=PLANNING_SD,
     target=0.5,
 )

@@ -38,7 +38,7 @@ usage="usage: slot.sh stage [--no-check] [--check-model M] [--check-dtype D] | r
 
 take_parts() { # the GGUF parts this call carried, kept for the next
   local p
-  for p in "$B"/gguf.part-* "$B/gguf.sha256"; do
+  for p in "$B"/gguf.part-* "$B/gguf.sha256" "$B/gguf.parts"; do
     if [ -f "$p" ] && [ ! -f "$S/$(basename "$p")" ]; then
       cp "$p" "$S/.part.tmp" && mv "$S/.part.tmp" "$S/$(basename "$p")"
     fi
@@ -173,11 +173,14 @@ runs() {
   study_file
   take_parts
   if [ "$model" = smollm2 ] && [ ! -f "$GGUF" ]; then
-    for a in part-0 part-1 sha256; do
-      [ -f "$S/gguf.$a" ] || die "no gguf.$a staged for --model smollm2: carry .gpu_bundle/gguf.$a (device_bundle.sh's carry lists)"
+    local parts=() k
+    [ -f "$S/gguf.parts" ] || die "no gguf.parts staged for --model smollm2: carry transfer 1's list (device_bundle.sh)"
+    for ((k = 0; k < $(cat "$S/gguf.parts"); k++)); do parts+=("$S/gguf.part-$k"); done
+    for a in "${parts[@]}" "$S/gguf.sha256"; do
+      [ -f "$a" ] || die "no ${a##*/} staged for --model smollm2: carry .gpu_bundle/${a##*/} (device_bundle.sh's carry lists; a middle part with slot.sh stage)"
     done
     mkdir -p "$(dirname "$GGUF")"
-    cat "$S/gguf.part-0" "$S/gguf.part-1" >"$GGUF.tmp"
+    cat "${parts[@]}" >"$GGUF.tmp"
     [ "$(sha256sum "$GGUF.tmp" | cut -d' ' -f1)" = "$(cat "$S/gguf.sha256")" ] || {
       rm -f "$GGUF.tmp" "$S"/gguf.part-*
       die "the joined GGUF's sha256 is not the bundle's: its parts are dropped; stage with transfer 1 and run with transfer 2 again"
@@ -185,9 +188,13 @@ runs() {
     mv "$GGUF.tmp" "$GGUF"
     echo "slot.sh: joined the GGUF, sha256 checked"
   fi
-  # the runs published between slots: the study skips them (its lr check publishes under lr_check/)
+  # a study engine a call killed at its limit left running (its own session): it holds the device and the
+  # run folders' locks; what it finished is exported below all the same
+  pkill -f -- "$S/runs/.*spec[.]request[.]json" 2>/dev/null && sleep 2 || true
+  # the runs published between slots: the study skips them (its lr check publishes under lr_check/), and
+  # the runs' failed launches so far (a run that fails again fails for good: remedies_gpu.FAIL_ATTEMPTS)
   local f
-  for a in runs lr_check/runs; do
+  for a in runs lr_check/runs failures; do
     for f in "$ROOT/experiments/remedies_gpu/results/$a"/*.json; do
       if [ -f "$f" ] && [ ! -f "$S/published/$a/${f##*/}" ]; then mkdir -p "$S/published/$a" && cp "$f" "$S/published/$a/"; fi
     done
