@@ -16,17 +16,9 @@ from helpers import small_study
 
 from avspo_openrlhf.study import engine_check
 from avspo_openrlhf.study.engine import StackedEngine
-from avspo_openrlhf.study.loop import Arm, Update
+from avspo_openrlhf.study.loop import Update
 
-ARMS = {
-    "GRPO": Arm("grpo"),
-    "AVSPO": Arm("avspo", {"strategy": "stratified"}),
-    "sign": Arm("sign"),
-    "RL-ZVP": Arm("rl_zvp", {"std_convention": "population", "eps": 1e-6}),
-    "NGRPO": Arm("ngrpo"),
-    "random-sign": Arm("grpo", control="random_sign"),
-    "DAPO-DS": Arm("grpo", dynamic=True),  # its update is GRPO's, on the groups its refill rounds kept
-}
+ARMS = engine_check.every_update()
 # 6 prompts: two groups of each kind (mixed, all-wrong, all-right), 6 micro-batches of 4 sequences
 SETTINGS = small_study(prompts_per_step=6)
 

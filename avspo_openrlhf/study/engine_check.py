@@ -74,6 +74,22 @@ SMOLLM2_SHAPE = {
 }
 
 
+def every_update() -> dict:
+    """One arm of each kind of update the study's arms make (DAPO-DS's is GRPO's, on the groups its refill
+    rounds kept): the check's default arms, on the CPU and on a GPU alike."""
+    from avspo_openrlhf.study.loop import Arm
+
+    return {
+        "GRPO": Arm("grpo"),
+        "AVSPO": Arm("avspo", {"strategy": "stratified"}),
+        "sign": Arm("sign"),
+        "RL-ZVP": Arm("rl_zvp", {"std_convention": "population", "eps": 1e-6}),
+        "NGRPO": Arm("ngrpo"),
+        "random-sign": Arm("grpo", control="random_sign"),
+        "DAPO-DS": Arm("grpo", dynamic=True),
+    }
+
+
 def fixed_rewards(P: int, G: int, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
     """``[P, G]`` rewards that hold every kind of group: group ``i`` is mixed (``i % 3 == 0``; between 1
     and G - 1 of its completions right), all-wrong (``i % 3 == 1``) or all-right (``i % 3 == 2``)."""

@@ -61,15 +61,7 @@ def test_the_engines_update_alike_within_bf16_rounding(study_assets, study_rewar
     from avspo_openrlhf.study import engine_check
 
     folder = study_assets["model"] if model == "tiny" else engine_check.smollm2_shape()
-    arms = {
-        "GRPO": Arm("grpo"),
-        "AVSPO": Arm("avspo", {"strategy": "stratified"}),
-        "sign": Arm("sign"),
-        "RL-ZVP": Arm("rl_zvp", {"std_convention": "population", "eps": 1e-6}),
-        "NGRPO": Arm("ngrpo"),
-        "random-sign": Arm("grpo", control="random_sign"),
-        "DAPO-DS": Arm("grpo", dynamic=True),
-    }
+    arms = engine_check.every_update()
     res = engine_check.check_engines(folder, small_study(prompts_per_step=6, dtype="bf16"), arms)
     out = Path(os.environ.get("OUT") or tmp_path) / f"engine_check_{model}.json"
     out.write_text(json.dumps(res, indent=1), encoding="utf-8")
