@@ -843,11 +843,15 @@ class GPURemediesStudy:
         lines = [self.header(results, record), ""]
         if not decision["complete"]:
             left = sum(max(0, n - summary.get(a, {}).get("seeds", 0)) for a, n in self.seeds.items())
-            slots = f" ({left} runs in all: about {math.ceil(left / self.runs_per_slot)} GPU slots of {self.runs_per_slot} runs)"
+            slots = (
+                f" ({left} runs in all: about {math.ceil(left / self.runs_per_slot)} GPU slots of {self.runs_per_slot} runs)"
+                if self.runs_per_slot
+                else ""
+            )
             lines += [
                 "**Incomplete: no verdict yet.** Primary runs missing: "
                 + ", ".join(f"{a} {m} of {self.seeds.get(a, 0)}" for a, m in decision["missing"].items())
-                + (slots if self.runs_per_slot else "")
+                + slots
                 + ". Every number below is provisional.",
                 "",
             ]
