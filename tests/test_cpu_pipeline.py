@@ -94,6 +94,14 @@ def test_sync_run_end_to_end(assets, tmp_path):
     assert (tmp_path / "report" / "plots" / "training_curves.png").stat().st_size > 10_000
     assert list((tmp_path / "tb").rglob("events.out.tfevents*"))
     assert "Traceback" not in log
+    # the start-up timeline: the driver's phases tile the time up to the first step, the engine's and
+    # the policy's own spans beside them, all before step 1 began
+    startup = json.loads((tmp_path / "report" / "startup.json").read_text())
+    driver = [s for s in startup["spans"] if s["where"] == "driver"]
+    assert driver[0]["start_s"] == 0.0 and all(a["end_s"] == b["start_s"] for a, b in zip(driver, driver[1:]))
+    assert {s["where"] for s in startup["spans"]} >= {"driver", "engine 0", "policy actor", "trainer"}
+    assert startup["process_start"] + startup["total_s"] <= rows[0]["timeline/gen_start"]
+    assert re.search(r"\[avspo\] start-up [\d.]+ s: interpreter and our imports", log)
     # weights and optimizer state are not readable by other users (the run's umask drops o-rwx)
     written = [p for p in (tmp_path / "ckpt").rglob("*")] + [p for p in (tmp_path / "final").rglob("*")]
     assert written and not [p for p in written if p.stat().st_mode & 0o007], "world-accessible files"

@@ -43,6 +43,7 @@ from avspo_openrlhf.cli.preflight import ALLOW_MISSING_ENV, MissingPath, Preflig
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
 from avspo_openrlhf.ray_auth import enable_token_auth
 from avspo_openrlhf.redaction import move_wandb_key_to_env, redact
+from avspo_openrlhf.startup import TIMELINE
 from avspo_openrlhf.trainer import parser as flag_parser
 from avspo_openrlhf.trainer import reward_files
 from avspo_openrlhf.trainer.plugins import load_plugins
@@ -313,8 +314,11 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
 
 
 def _run(argv: list[str], dry_run: bool):
+    TIMELINE.begin_run()
+    TIMELINE.mark("interpreter and our imports")
     enable_token_auth()  # before parse() imports OpenRLHF and with it Ray, which reads the mode once
     args, dry = parse(argv)
+    TIMELINE.mark("flags (OpenRLHF's parser: imports torch, transformers, Ray)")
     if dry_run:  # the API: parsed and validated, nothing read from disk
         return args, True
     if dry:  # --dry-run: the offline checks too, so a launcher refuses a job before it is queued
@@ -336,6 +340,7 @@ def _run(argv: list[str], dry_run: bool):
         _fail(str(e))
     for wrapper in reward_files.guard_reward_files(args):  # after preflight checked the user's file
         print(f"[avspo] reward file under a {args.run.reward_timeout_s:g} s timeout per call: {wrapper}")
+    TIMELINE.mark("preflight (datasets, model, reward file)")
     if threading.current_thread() is threading.main_thread():
         install_interrupt_handler(args)
     if args.backend == "cpu":

@@ -380,6 +380,10 @@ def init_ray(extra_env: dict[str, str] | None = None) -> None:
             # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
             num_cpus=max(8, os.cpu_count() or 1),
             include_dashboard=False,
+            # no idle Python workers started ahead: every process this run needs is an actor with its own
+            # worker, and up to num_cpus idle ones competed with the actors' start-up for 2 cores (a tiny
+            # run's start-up 68-70 s -> 64 s, 2-core EPYC; startup.json)
+            _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
             _node_ip_address="127.0.0.1",
             runtime_env={**runtime_env, "env_vars": {**env, **loopback_env()}},
         )
@@ -450,12 +454,15 @@ def train_cpu(args, on_ray_started=None) -> None:
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
     from avspo_openrlhf.cpu.strategy import cpu_strategy
+    from avspo_openrlhf.startup import TIMELINE
     from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, RemedyPPOTrainerAsync
 
+    TIMELINE.mark("the trainer's imports (OpenRLHF's trainers, DeepSpeed)")
     engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
     init_ray(thread_env(args.train.async_enable, bool(engine_cores)))
     if on_ray_started is not None:
         on_ray_started()
+    TIMELINE.mark("Ray")
     strategy = cpu_strategy(args)
     model = args.actor.model_name_or_path
     engines = [
@@ -490,6 +497,10 @@ def train_cpu(args, on_ray_started=None) -> None:
         temperature=args.rollout.temperature,
         top_p=args.rollout.top_p,
     )
+    TIMELINE.mark("actors launched")
+    for i, engine in enumerate(engines):
+        TIMELINE.watch("vLLM engine (process, imports, model, engine)", engine.get_dtype.remote(), f"engine {i}")
+    TIMELINE.watch("trainer actor (process, imports, dataset)", trainer.get_max_steps.remote(), "trainer")
     # every actor process is starting (imports, the engine, the trainer's dataset); meanwhile, here:
     from avspo_openrlhf.cpu.ops import build, is_built, ops_for
 
@@ -502,19 +513,29 @@ def train_cpu(args, on_ray_started=None) -> None:
             "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)",
             flush=True,
         )
+    TIMELINE.mark("DeepSpeed's CPU ops (built or found)")
     if engine_cores:
         _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
+        TIMELINE.mark("cores pinned (waits for the actors' processes)")
     # the policy's DeepSpeed init starts now, beside the trainer's init rather than after it
     max_steps = count_max_steps(strategy)
+    TIMELINE.mark("step count (tokenizer, dataset)")
     # vllm_engines=None: no NCCL/gloo group with the engines; weights go through CPUPolicyModelActor
     refs = actor.async_init_model_from_pretrained(strategy, model, max_steps, None)
+    TIMELINE.watch("policy (model, DeepSpeed init)", refs[0], "policy actor")
     if ref is not None:
         refs += ref.async_init_model_from_pretrained(strategy, model)
+        TIMELINE.watch("reference (model, DeepSpeed init)", refs[-1], "reference actor")
     ray.get(refs)
+    TIMELINE.mark("waiting for the policy (and reference)")
     if (trainer_steps := ray.get(trainer.get_max_steps.remote())) != max_steps:
         raise RuntimeError(f"the trainer counts {trainer_steps} steps, the scheduler was built for {max_steps}")
+    TIMELINE.mark("waiting for the trainer actor")
     ray.get(actor.async_run_method("set_cpu_engines", engines))
     _report_precision(args, engines, actor, ref)
+    TIMELINE.mark("engines attached (waits for the vLLM engine)")
+    TIMELINE.write(args.report.dir)
+    print(f"[avspo] {TIMELINE.summary()} (timeline: startup.json; the first step begins now)", flush=True)
     ray.get(trainer.fit.remote())
     from avspo_openrlhf.trainer.stop_file import trainer_stopped
 
