@@ -382,7 +382,7 @@ def init_ray(extra_env: dict[str, str] | None = None) -> None:
             include_dashboard=False,
             # no idle Python workers started ahead: every process this run needs is an actor with its own
             # worker, and up to num_cpus idle ones competed with the actors' start-up for 2 cores (a tiny
-            # run's start-up 68-70 s -> 64 s, 2-core EPYC; startup.json)
+            # run's start-up 68-70 s -> 60-64 s on a 2-core AMD EPYC without native bf16, fp32; startup.json)
             _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
             _node_ip_address="127.0.0.1",
             runtime_env={**runtime_env, "env_vars": {**env, **loopback_env()}},
