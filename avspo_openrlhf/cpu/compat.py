@@ -14,8 +14,10 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only when a stand-in is called: a Ray worker's setup hook installs these
+    import torch
 
 
 def _index_first_axis(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -25,6 +27,8 @@ def _index_first_axis(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 def _unpad_input(hidden_states: torch.Tensor, attention_mask: torch.Tensor, unused_mask=None):
     # Same contract as flash_attn.bert_padding.unpad_input (>= 2.7): (unpadded, indices, cu_seqlens,
     # max_seqlen, seqused)
+    import torch
+
     seqlens = attention_mask.sum(dim=-1, dtype=torch.int32)
     indices = torch.nonzero(attention_mask.flatten(), as_tuple=False).flatten()
     cu_seqlens = torch.nn.functional.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
