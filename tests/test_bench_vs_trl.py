@@ -91,6 +91,7 @@ def test_the_committed_table_is_the_committed_jsons():
     assert vs_trl.report(res) == (ROOT / "benchmarks" / "results" / "bench_vs_trl.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_the_trl_side_runs_in_its_own_process_and_reports_its_step_clocks(tmp_path):
     """``run_trl`` on the tiny model (2 steps): the worker starts as ``python -m`` of the package
     module, trains, saves the model and writes one begin/end line per optimizer step."""

@@ -45,6 +45,7 @@ def test_fixture_sources_convert(name, answers):
         assert rows[1]["choices"] == ["3", "4", "5"] and "(B) 4" in rows[1]["problem"]
 
 
+@pytest.mark.slow
 def test_math_from_shared_data():
     # two MATH-train solutions end in an empty \boxed{}: reported by line, never dropped silently
     with pytest.raises(DataError, match=r"math_train.jsonl:5342: no 'answer'"):

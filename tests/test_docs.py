@@ -226,6 +226,7 @@ def test_the_raw_table_check_finds_a_table_glued_to_a_line_of_text():
     assert raw_tables(table) == []
 
 
+@pytest.mark.slow
 def test_the_built_site_shows_no_table_as_text(site):
     found = {
         page.relative_to(site).as_posix(): rows[0].strip()
@@ -344,6 +345,7 @@ def test_the_browser_check_finds_a_broken_name_a_cut_table_a_squeezed_cell_and_a
     assert found["cut_tables"] and found["squeezed_cells"] and found["includes"], found
 
 
+@pytest.mark.slow
 def test_the_site_reads_whole_in_a_browser_at_1280_px(site):
     """Every page in headless Chromium at 1280 px: no name broken across lines, no table cut or squeezed,
     no unrendered include (tests/site_in_browser.py says how each is measured)."""

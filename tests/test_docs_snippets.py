@@ -197,6 +197,7 @@ def test_every_block_runs_or_says_why_not():
     assert PYTHON_PAGES and SHELL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PYTHON_PAGES)
 def test_the_python_blocks_of_a_page_run(page, scratch):
     code = "\n".join(f"# {b}\n{prepared(b, scratch)}" for b in ALL if b.page == page and b.runs and b.lang == "python")
@@ -206,6 +207,7 @@ def test_the_python_blocks_of_a_page_run(page, scratch):
     _wrote(page, scratch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", SHELL, ids=str)
 def test_a_shell_block_runs(block, scratch):
     _run(["bash", "-euo", "pipefail", "-c", prepared(block, scratch)], scratch, f"the block at {block}")

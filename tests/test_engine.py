@@ -104,6 +104,7 @@ def same_run(a: dict, b: dict) -> None:
                 assert va == pytest.approx(rb[key], rel=1e-4, abs=1e-6), (key, va, rb[key])
 
 
+@pytest.mark.slow
 def test_k_runs_together_equal_each_run_alone_for_every_arm(assets, tmp_path):
     specs = [spec(assets, m, seed) for seed, m in enumerate(ARMS)]
     together = StackedEngine(specs, [tmp_path / "together" / s.method for s in specs], log=lambda _: None).run()
@@ -131,6 +132,7 @@ def _engine(pairs: list[tuple[RunSpec, Path]], env: dict) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_a_killed_batch_resumes_to_the_results_it_would_have_had(assets, tmp_path):
     specs = [
         spec(assets, m, seed, reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=300, mid_eval_tokens=0)
@@ -164,6 +166,7 @@ def test_a_killed_batch_resumes_to_the_results_it_would_have_had(assets, tmp_pat
         same_run(a, b)
 
 
+@pytest.mark.slow
 def test_a_failing_run_leaves_the_others_to_finish(assets, tmp_path):
     """One run's verifier crashes mid-run (its data holds a problem it cannot score): its traceback goes
     to its log.txt, it leaves the batch, and the others finish."""
@@ -183,6 +186,7 @@ def test_a_failing_run_leaves_the_others_to_finish(assets, tmp_path):
     assert any("started a batch of 3 (stacked)" in line for line in log)
 
 
+@pytest.mark.slow
 def test_a_run_whose_generation_request_crashes_in_the_batched_call_fails_alone(assets, tmp_path):
     """A problem the engine cannot encode (template ``none``: a bare problem, and an int is no chat):
     the batched generation's per-run part raises for that run only; it leaves the batch, the others
@@ -312,6 +316,7 @@ def test_a_non_finite_entropy_skips_that_runs_step_alone(assets, tmp_path):
         torch.testing.assert_close(p, weights[name], rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.slow
 def test_a_crashed_batch_names_the_file_that_holds_its_traceback(assets, tmp_path):
     """A crash of the engine's process outside any run (here a bad thread count; on an H200 a device
     mix in the optimizer) leaves no run log.txt: the message names batch.log, which holds it."""
@@ -333,6 +338,7 @@ def test_the_runs_of_one_batch_share_model_and_settings(assets, tmp_path):
         StackedEngine([spec(assets, "GRPO", 0, engine="process")], [tmp_path / "c"])
 
 
+@pytest.mark.slow
 def test_whole_runs_of_the_two_engines_agree_within_their_seed_spread(assets, tmp_path):
     """The engines draw the same random numbers the same way (inverse-CDF draws of one request's
     uniforms), but compute with different kernels (transformers and torch's AdamW against the stacked

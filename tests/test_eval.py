@@ -105,6 +105,7 @@ def test_arithmetic_scoring_extracts_answers_for_the_majority_vote():
     assert summarize([rec])["maj@4"] == 1.0  # "7" has the majority
 
 
+@pytest.mark.slow
 def test_reference_solutions_score_100_percent_on_math500_and_fixtures(tmp_path):
     data = _fixtures()
     data["math500"] = load_benchmark("math500", shared_file("math500.jsonl"))
@@ -130,6 +131,7 @@ class _Interrupting(FileGenerator):
         return super().lookup(row)
 
 
+@pytest.mark.slow
 def test_interrupted_evaluation_resumes_to_the_same_summary(tmp_path):
     data = {"gsm8k": load_benchmark("gsm8k", str(FIXTURES / "gsm8k_20.jsonl"))}
     comps = tmp_path / "comps.jsonl"
@@ -242,6 +244,7 @@ def _avspo_eval_command() -> list[str]:
     return [sys.executable, "-c", "import sys; from avspo_openrlhf.cli.evaluate import main; sys.exit(main())"]
 
 
+@pytest.mark.slow
 def test_scoring_is_exact_under_cpu_oversubscription(tmp_path):
     """Busy loops on every core (twice as many processes as cores): ``avspo-eval --completions``
     still gives the closed-form pass@k and maj@n, and no verification timed out or was retried."""

@@ -202,6 +202,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 def test_sync_gpu_command_builds_our_trainer_inside_openrlhfs_train(fake_process_boundary, gpu_argv):
     from avspo_openrlhf.cli.train import run
     from avspo_openrlhf.trainer.actors import RemedyPolicyModelActor
@@ -218,6 +219,7 @@ def test_sync_gpu_command_builds_our_trainer_inside_openrlhfs_train(fake_process
     assert "async_init_model_from_pretrained" in policy.calls and "async_save_model" in policy.calls
 
 
+@pytest.mark.slow
 def test_async_gpu_command_builds_our_async_trainer_and_actors(fake_process_boundary, gpu_argv):
     from avspo_openrlhf.cli.train import run
     from avspo_openrlhf.trainer.trainers import AsyncCoordinator, _GenerateSamplesActor, _TrainingActor
@@ -235,6 +237,7 @@ def test_async_gpu_command_builds_our_async_trainer_and_actors(fake_process_boun
     assert coordinator.cls is AsyncCoordinator and training.instance.coordinator is coordinator
 
 
+@pytest.mark.slow
 def test_the_replacement_is_what_puts_our_trainer_there(fake_process_boundary, gpu_argv, monkeypatch):
     """Without install.py's replacement (as if OpenRLHF imported its trainer at module top) the same
     command builds OpenRLHF's own trainer: the two tests above would fail, and this one says why."""

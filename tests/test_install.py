@@ -22,6 +22,7 @@ def installed(name: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_algo_core_imports_with_torch_alone():
     code = textwrap.dedent(
         """
@@ -100,6 +101,7 @@ def test_cuda_only_torch_extensions_are_removed():
         assert not installed(name), f"{name} must be uninstalled on the CPU stack (setup.sh does it)"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["avspo-train", "avspo-eval", "avspo-prepare-model", "avspo-prepare-data"])
 def test_console_scripts_are_installed_and_answer_help(script):
     import shutil

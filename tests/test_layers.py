@@ -184,6 +184,7 @@ def _watch(target: str, root: Path, blocked) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["trl", "verl"])
 def test_importing_an_integration_loads_nothing_of_the_openrlhf_stack(framework):
     """TRL and verl may bring vLLM or Ray along themselves; our adapters import none of OpenRLHF,

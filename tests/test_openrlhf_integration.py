@@ -439,6 +439,7 @@ def _trainer(args):
     return t
 
 
+@pytest.mark.slow
 def test_state_is_saved_in_checkpoints_and_restored_exactly():
     args = parse("--remedy", "avspo", "--acr.window", "2", "--ckpt.save_steps", "3")
     t = _trainer(args)

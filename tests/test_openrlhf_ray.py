@@ -51,6 +51,7 @@ def _tokenizer(path):
     return AutoTokenizer.from_pretrained(path)
 
 
+@pytest.mark.slow
 def test_our_flags_reach_a_ray_actor(local_ray):
     from openrlhf.utils import get_strategy
 
@@ -76,6 +77,7 @@ SCRIPT = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("filter_flag", ["--dynamic.std_filter", "--algo.dynamic_filtering_enable"])
 def test_samples_generator_through_reward_file_with_dynamic_filter(local_ray, filter_flag):
     engine = ray.remote(num_cpus=0)(scripted_engine_class()).remote(local_ray, REWARD_FILE, SCRIPT)
@@ -128,6 +130,7 @@ class _SlowTrainer(RemedyTrainerMixin, _SlowTrainerBase):
         ray.get(self.coordinator.requeue.remote(batches))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["regenerate", "drop"])
 def test_async_staleness_bound_with_a_slow_trainer(local_ray, policy):
     script = {f"q{i}": [f"\\boxed{{{i}}}", "\\boxed{x}"] for i in range(10)}

@@ -145,6 +145,7 @@ def test_datasets_in_other_forms_are_checked_before_ray(tmp_path, capsys, monkey
     )
 
 
+@pytest.mark.slow
 def test_labels_math_verify_cannot_parse_are_reported(tmp_path, capsys):
     from avspo_openrlhf.cli.preflight import check_labels
 
@@ -163,6 +164,7 @@ def test_labels_math_verify_cannot_parse_are_reported(tmp_path, capsys):
     assert "none of the 3 labels" in _fails(capsys, _flags(tmp_path, bad, reward=openrlhf_reward.__file__))
 
 
+@pytest.mark.slow
 def test_dry_run_runs_the_offline_checks(tmp_path, capsys, monkeypatch):
     """--dry-run (submit.sh's check) catches what a run would catch before Ray: a missing dataset,
     a bad row; a path only the compute nodes see passes with AVSPO_ALLOW_MISSING_PATHS=1, as a

@@ -51,6 +51,7 @@ def test_a_second_writer_is_refused_and_a_dead_holder_is_taken_over(tmp_path):
     release_folder(str(folder))
 
 
+@pytest.mark.slow
 def test_avspo_train_refuses_a_run_folder_in_use_before_ray(tmp_path, capsys):
     holder = _holder(tmp_path / "ckpt")
     try:
@@ -61,6 +62,7 @@ def test_avspo_train_refuses_a_run_folder_in_use_before_ray(tmp_path, capsys):
     assert f"{tmp_path / 'ckpt'} is in use by avspo-train (host" in msg and f"PID {holder.pid}" in msg
 
 
+@pytest.mark.slow
 def test_avspo_eval_refuses_an_output_folder_in_use(tmp_path):
     comps = tmp_path / "comps.jsonl"
     comps.write_text(json.dumps({"unique_id": "x", "completions": ["\\boxed{1}"]}) + "\n")
@@ -106,6 +108,7 @@ PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
     """Ray listens on every interface (GCS, raylet and worker gRPC, the agents' HTTP servers) and
     its job agent runs any entrypoint POSTed to it. The CPU backend turns on Ray's token
@@ -264,6 +267,7 @@ def test_a_kill_during_a_checkpoint_loses_nothing_at_max_num_1(tmp_path, monkeyp
 # ── user code under a deadline ──
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "body, message",
     [
@@ -298,6 +302,7 @@ def test_a_reward_file_that_hangs_or_lies_fails_in_one_line_before_ray(tmp_path,
     assert message in msg and time.monotonic() - t0 < 30, msg
 
 
+@pytest.mark.slow
 def test_a_slow_import_does_not_eat_the_calls_deadline(tmp_path):
     """The import (torch, math-verify: seconds) and the call have separate deadlines, so a hanging
     reward_func fails in seconds without failing a file that is only slow to import."""
@@ -373,6 +378,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_driver_takes_its_ray_processes_with_it(tmp_path):
     import psutil
 

@@ -32,6 +32,7 @@ def user_file(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow
 def test_a_hanging_call_is_killed_in_time_and_the_next_call_works(user_file, tmp_path):
     err = tmp_path / "guard.error"
     g = GuardedReward(user_file, timeout_s=2, memory_mb=None, workers=1, error_file=str(err))

@@ -182,6 +182,7 @@ ADVERSARIAL = [
 ]
 
 
+@pytest.mark.slow
 def test_adversarial_inputs_finish_with_a_status_within_the_timeout(pool):
     t0 = time.monotonic()
     futures = [pool.submit(c, "1") for c in ADVERSARIAL]
@@ -192,6 +193,7 @@ def test_adversarial_inputs_finish_with_a_status_within_the_timeout(pool):
     assert time.monotonic() - t0 < 2 * TIMEOUT * len(ADVERSARIAL) / 2 + 15
 
 
+@pytest.mark.slow
 def test_hung_worker_is_killed_and_replaced(pool):
     before = pool.counters()
     hung = pool.submit("\\boxed{9^{9^{9^{9}}}}", "1")
@@ -252,6 +254,7 @@ def _slow_module(tmp_path, monkeypatch, name, start_delay=0.0):
     return name
 
 
+@pytest.mark.slow
 def test_a_genuinely_slow_verification_times_out_after_one_retry(tmp_path, monkeypatch):
     module = _slow_module(tmp_path, monkeypatch, "slow_verifier_a")
     with VerifierPool(2, timeout_s=1.0, imports=[module]) as p:
@@ -272,6 +275,7 @@ def test_a_genuinely_slow_verification_times_out_after_one_retry(tmp_path, monke
         assert "math_verify" in loaded and "torch" not in loaded and "pytest" not in loaded
 
 
+@pytest.mark.slow
 def test_time_not_spent_computing_is_not_charged_up_to_the_wall_clock_ceiling(tmp_path, monkeypatch):
     """A worker waiting for a core (here: sleeping) for longer than the timeout is not timed out:
     the timeout counts its CPU time. The wall-clock ceiling still ends an attempt that never
@@ -290,6 +294,7 @@ def test_time_not_spent_computing_is_not_charged_up_to_the_wall_clock_ceiling(tm
     assert p.counters()["timeouts"] == 1
 
 
+@pytest.mark.slow
 def test_start_up_and_queueing_are_not_charged_to_a_sample(tmp_path, monkeypatch):
     """Workers that take 3 s to start, one worker, a 1 s timeout, and samples of 0.4 s each queued
     together (2 s of work in all): every one finishes, nothing times out or is retried."""
@@ -381,6 +386,7 @@ def test_reward_file_from_threads_and_asyncio(monkeypatch):
 # ── reference audit on MATH-500 ──
 
 
+@pytest.mark.slow
 def test_math500_references_audit(pool):
     rows = [json.loads(line) for line in open(shared_file("math500.jsonl"))]
     report, fn, fp = audit_references(rows, pool)

@@ -267,6 +267,7 @@ def _record(assets, **paths) -> dict:
     return dataclasses.replace(spec(assets, Arm("grpo")), **paths).settings_record()
 
 
+@pytest.mark.slow
 def test_a_docstring_edit_of_the_algorithm_keeps_the_settings_hash(assets, tmp_path):
     """The study spans GPU sessions from one frozen commit: a docstring or a refactor of ``algo/`` must
     not unpair its runs (the loop's meaning is ``LOOP_SEMANTICS``, bumped by hand)."""
@@ -451,6 +452,7 @@ def _fake(method, seed, acc, hash_="h"):
     }
 
 
+@pytest.mark.slow
 def test_a_partial_study_has_the_banner_and_the_whole_holm_family(tmp_path):
     arms = {a: Arm("grpo") for a in ("GRPO", "AVSPO", "sign", "RL-ZVP", "DAPO-DS")}
     st = GPURemediesStudy(
@@ -516,6 +518,7 @@ def _three(seeds: int, **kw) -> GPURemediesStudy:
     )
 
 
+@pytest.mark.slow
 def test_the_stated_power_is_the_coded_rules_and_a_simulation_of_the_rule_agrees():
     """Power and the detectable effect are those of the rule as coded (one real effect in a Holm family of
     m is tested at 0.05 / m, through the interval at the same level), not of a lone test at 0.05, and a
@@ -559,6 +562,7 @@ def test_the_primary_seeds_are_the_ones_the_rule_needs_and_the_design_page_is_ge
     assert page.read_text(encoding="utf-8") == "\n".join(st.design_lines()) + "\n", "rerun run.py --design"
 
 
+@pytest.mark.slow
 def test_the_verdict_reads_the_planned_seeds_and_no_other(tmp_path):
     """An extra seed changes no verdict and no number of the primary table (it has its own labelled
     table); a missing planned seed leaves the study without a verdict, whatever seed stands in for it."""
@@ -617,6 +621,7 @@ def test_the_interval_beside_a_verdict_is_at_its_holm_level_and_identical_arms_a
     assert list(holm(p).values()) == pytest.approx(list(multipletests(list(p.values()), method="holm")[1]))
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_for_good_is_scored_by_the_rule_and_a_crash_is_listed(assets, tmp_path):
     """A run whose own error stopped it in two launches is scored by the rule fixed before the runs
     (its last mid-run evaluation), never run again nor replaced, and counts in its seed's pair; a run
@@ -733,6 +738,7 @@ def test_a_runs_failed_launches_add_up_across_machines_and_only_its_own_errors_c
         assert not own_error(machine), machine
 
 
+@pytest.mark.slow
 def test_probability_of_improvement_and_p_formatting():
     from avspo_openrlhf.study.remedies_gpu import probability_of_improvement
     from avspo_openrlhf.study.tables import fmt_p
@@ -747,6 +753,7 @@ def test_probability_of_improvement_and_p_formatting():
 # ── 10. a user's remedy as an arm ──
 
 
+@pytest.mark.slow
 def test_a_plugin_remedy_runs_as_an_arm_in_the_loops_process(assets, tmp_path):
     plugin = str(REPO / "examples" / "qae_remedy.py")
     s = dataclasses.replace(

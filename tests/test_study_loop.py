@@ -160,6 +160,7 @@ def _start(spec_: RunSpec, run_dir: Path, env: dict) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_exactly(assets, tmp_path):
     s = spec(assets, "AVSPO", reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=600, mid_eval_tokens=0)
     whole = _start(s, tmp_path / "whole", {})
@@ -238,6 +239,7 @@ def test_a_changed_spec_is_refused_in_a_run_folder(assets, tmp_path):
         loop.run(spec(assets, token_budget=80, final_eval=False), tmp_path / "r", log=lambda _: None)
 
 
+@pytest.mark.slow
 def test_runs_side_by_side_equal_runs_one_at_a_time(assets, tmp_path):
     def jobs(folder):
         return [
@@ -255,6 +257,7 @@ def test_runs_side_by_side_equal_runs_one_at_a_time(assets, tmp_path):
     assert run_jobs(jobs("two"), 2, threads=1, env=ENV, log=log.append) == [] and not log
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_reported_and_the_others_finish(assets, tmp_path):
     bad = dataclasses.replace(spec(assets), model=str(tmp_path / "no-model"))
     jobs = [Job(bad, tmp_path / "bad"), Job(spec(assets, token_budget=40), tmp_path / "good")]
@@ -380,6 +383,7 @@ def test_sign_flip_p_is_exact_beyond_twenty_pairs():
     assert stats.sign_flip_p([0.01] * 29) == 2 / 2**29  # all one way: only the two extreme patterns reach it
 
 
+@pytest.mark.slow
 def test_sign_flip_p_beyond_forty_pairs_draws_patterns_and_agrees_with_the_exact_one():
     """Beyond 40 pairs the exact count would hold 2 x 2^21 sums: 2^20 random patterns instead, a valid
     permutation p ((1 + reaching) / (1 + draws)); at 40 pairs it agrees with the exact p."""
@@ -433,6 +437,7 @@ def test_the_run_order_is_primary_arms_seed_by_seed_then_the_rest():
         _study(primary=("GRPO", "NGRPO"))
 
 
+@pytest.mark.slow
 def test_the_report_is_generated_from_the_runs(tmp_path):
     mid = [
         {"milestone": 500, "step": 5, "tokens": 510, "pass1": 0.3},
@@ -468,6 +473,7 @@ def _study_cmd(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path):
     r = _study_cmd("--dry-run", "--out", str(tmp_path / "o"), "--shard", "1/4", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -488,6 +494,7 @@ def test_the_study_command_checks_its_runs_and_fails_fast_on_a_mistake(tmp_path)
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
 
 
+@pytest.mark.slow
 def test_the_slurm_array_script_runs_its_share(tmp_path):
     env = {
         **os.environ,
@@ -505,6 +512,7 @@ def test_the_slurm_array_script_runs_its_share(tmp_path):
     assert "25 runs to start (shard 2/8, 0 finished): sign seed 0, sign seed 2, " in r.stdout
 
 
+@pytest.mark.slow
 def test_the_study_needs_no_ray_vllm_deepspeed_or_openrlhf():
     """A bare GPU machine with torch and transformers runs the study as a user's GPU does."""
     code = (
@@ -522,6 +530,7 @@ def test_an_empty_study_reports_the_runs_missing(tmp_path):
     assert "GRPO 3 of 3, AVSPO 3 of 3, DAPO-DS 2 of 2" in text and "random-reward 1 of 1" in text
 
 
+@pytest.mark.slow
 def test_the_throughput_table_measures_k_runs_at_once(assets, tmp_path):
     r = _study_cmd(
         "--throughput",

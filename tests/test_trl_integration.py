@@ -273,6 +273,7 @@ def test_resume_continues_the_controller_state_exactly(assets, case):
         assert not torch.allclose(other.reshape(-1), full.advantages[1], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_dr_grpo_without_std_scaling_is_trls_own_bit_for_bit(assets):
     dr = dict(scale_rewards="none", loss_type="dr_grpo")  # TRL's Dr. GRPO (its docs' two settings)
     ours, theirs = run(assets, "dr_grpo_none", remedy="dr_grpo", **dr), run(assets, "none_dr_grpo", **dr)
@@ -329,6 +330,7 @@ def sometimes_unscored(completions, pattern, **_):
     return [None if (v := UNSCORED[p][i % G]) is None else float(v) for i, p in enumerate(pattern)]
 
 
+@pytest.mark.slow
 def test_a_group_is_collapsed_by_its_scored_completions_and_every_step_logs_acr(assets):
     """docs/algorithm.md#unscored: an all-wrong group with one unscored completion is all-wrong
     (``acr/all_wrong`` 0.5 on every step, each of whose groups has an unscored member);
@@ -450,6 +452,7 @@ with open(os.path.join(args.output_dir, f"rank{trainer.accelerator.process_index
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remedy", ["ngrpo", "rl_zvp"])
 def test_two_processes_each_train_on_their_slice(assets, tmp_path, remedy):
     (tmp_path / "two.py").write_text(TWO_PROCESSES % (G, PATTERNS))
@@ -718,6 +721,7 @@ def ten_times(completions, pattern, **_):
     return [10.0 * r for r in correct(completions, pattern)]
 
 
+@pytest.mark.slow
 def test_a_reward_outside_the_declared_range_is_refused(assets):
     """On 0..10 with acr_reward_range left at (0, 1), an all-10 group got advantage -0.789 (an
     all-wrong group's push): now the first batch fails naming the field and the value."""
@@ -735,6 +739,7 @@ def test_a_reward_outside_the_declared_range_is_refused(assets):
     assert trainer.state.global_step == 1
 
 
+@pytest.mark.slow
 def test_monitor_stop_on_alarm_stops_training_as_avspo_train_does(assets):
     """The entropy alarm (threshold above any entropy, patience 0) fires at the first optimizer step:
     training stops there, through the Trainer's own control flow, instead of running all 3 steps."""

@@ -272,6 +272,7 @@ def _registered(env: dict[str, str]) -> list[str]:
     return eval(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_import_verl_loads_the_plugin_by_entry_point_or_by_module_list():
     ours = sorted(plugin.PREFIX + r for r in plugin.REMEDIES)
     assert _registered({}) == ours  # the "verl.plugins" entry point (pyproject.toml)
