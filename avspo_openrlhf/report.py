@@ -7,6 +7,8 @@ import math
 import os
 from pathlib import Path
 
+from avspo_openrlhf.atomic import atomic_file
+
 
 def _floats(logs: dict) -> dict:
     out = {}
@@ -58,10 +60,8 @@ class JsonlLogger:
                 keep.append(line if line.endswith("\n") else line + "\n")
         if len(keep) == len(lines):
             return 0
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_file(self.path) as f:
             f.writelines(keep)
-        os.replace(tmp, self.path)
         return len(lines) - len(keep)
 
 

@@ -10,10 +10,11 @@ the first step's own start is ``timeline/gen_start`` of step 1 in ``metrics.json
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
+
+from avspo_openrlhf.atomic import write_json
 
 
 def process_start_time() -> float:
@@ -105,11 +106,7 @@ class StartupTimeline:
         if not folder:
             return
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, "startup.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.state_dict(), f, indent=1)
-        os.replace(tmp, path)
+        write_json(os.path.join(folder, "startup.json"), self.state_dict(), indent=1)
 
 
 TIMELINE = StartupTimeline()  # this process's: its clock starts at the process's own start

@@ -52,7 +52,7 @@ def foreground(cks: list[dict], folder: Path) -> float:
 def background(cks: list[dict], folder: Path) -> tuple[float, float]:
     """(seconds the loop waits: the snapshots, seconds until every write is on disk)."""
     t = time.perf_counter()
-    pending = [loop._save_in_background(loop.snapshot(ck), folder / f"run{i}.pt") for i, ck in enumerate(cks)]
+    pending = [loop.save_in_background(loop.snapshot(ck), folder / f"run{i}.pt") for i, ck in enumerate(cks)]
     stall = time.perf_counter() - t
     for f in pending:
         f.result()

@@ -207,7 +207,7 @@ def test_a_checkpoint_is_the_state_when_taken_though_written_later(assets, tmp_p
     weights = {k: v.clone() for k, v in r.engine.model_state().items()}
     steps = len(r.state["curve"])
     gate = threading.Event()
-    blocker = loop._save_in_background({}, tmp_path / "unused.pt")  # makes the writer thread
+    blocker = loop.save_in_background({}, tmp_path / "unused.pt")  # makes the writer thread
     loop._writer.submit(gate.wait)  # the checkpoint's write waits behind this
     r._checkpoint()
     with torch.no_grad():

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+
+from avspo_openrlhf.atomic import atomic_file
 
 from .sources import SOURCES, BadRow
 
@@ -109,17 +110,11 @@ def load_hub(source: str, skip_bad_rows: bool = False) -> LoadReport:
 def write_jsonl(rows: Iterable[dict], path: str) -> int:
     """Write atomically (temp file + rename): an interrupted run never leaves half a file."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
     n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                n += 1
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_file(path) as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
     return n
 
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from avspo_openrlhf import atomic
 from avspo_openrlhf.data.io import load_local, read_jsonl, write_jsonl
 
 from .generators import Completion, Decoding, FileGenerator, OracleGenerator, render_prompt
@@ -207,9 +208,7 @@ def evaluate_benchmark(
 
 
 def write_json(path: Path, obj) -> None:
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_json(path, obj, indent=1, sort_keys=True)
 
 
 def markdown_table(results: dict[str, dict], decoding: str, label: str = "model", precision: str | None = None) -> str:

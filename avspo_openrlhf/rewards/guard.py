@@ -20,6 +20,8 @@ import os
 import queue
 import threading
 
+from avspo_openrlhf.atomic import atomic_write
+
 from .pool import worker_tasks
 
 
@@ -178,10 +180,7 @@ def write_guard_file(user_file: str, folder: str, timeout_s: float, memory_mb: i
         workers=int(workers),
         error=guard_error_file(folder),
     )
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic_write(path, text)
     if os.path.exists(guard_error_file(folder)):
         os.remove(guard_error_file(folder))  # from an earlier run
     return path

@@ -4,13 +4,12 @@ evaluation of its final model, both through the quickstart's public functions.""
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from avspo_openrlhf import atomic
 from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.report import read_metrics
 
@@ -57,9 +56,7 @@ def per_problem(eval_dir: Path) -> dict[str, float]:
 
 def write_json(path: Path, obj) -> None:
     """Write atomically: a report running beside a study never reads half a file."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
+    atomic.write_json(path, obj, indent=1)
 
 
 def check_flags(cells: dict[str, object], model: str, train: str, heldout: str, run_dir: Path) -> list[str]:

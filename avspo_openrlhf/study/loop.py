@@ -69,6 +69,7 @@ from avspo_openrlhf.algo import (
     typed,
     zero_variance_sign,
 )
+from avspo_openrlhf.atomic import atomic_file, atomic_write
 from avspo_openrlhf.data.io import DataError, iter_raw
 from avspo_openrlhf.data.tasks import TEMPLATES
 from avspo_openrlhf.folder_lock import lock_folder
@@ -751,12 +752,6 @@ def _set_rng_state(s: dict, device: torch.device) -> None:
     random.setstate(s["python"])
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 class SpecMismatch(ValueError):
     """A run folder holds a run of another spec: the caller's mistake, not the run's failure."""
 
@@ -806,7 +801,7 @@ def snapshot(obj, _copies: dict | None = None):
 _writer: ThreadPoolExecutor | None = None
 
 
-def _save_in_background(ck: dict, path: Path) -> Future:
+def save_in_background(ck: dict, path: Path) -> Future:
     """``torch.save`` of ``ck`` to ``path`` atomically, on this process's one writer thread (writes
     finish in order; the interpreter waits for the last one at exit)."""
     global _writer
@@ -814,9 +809,8 @@ def _save_in_background(ck: dict, path: Path) -> Future:
         _writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
 
     def save() -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(ck, tmp)
-        os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint whole
+        with atomic_file(path, "wb") as f:  # a kill mid-write leaves the previous checkpoint whole
+            torch.save(ck, f)
 
     return _writer.submit(save)
 
@@ -958,7 +952,7 @@ class Run:
             "state": self.state,
             "rng": _rng_state(self.policy.device),
         }
-        self._ckpt_write = _save_in_background(snapshot(ck), self.dir / "ckpt.pt")
+        self._ckpt_write = save_in_background(snapshot(ck), self.dir / "ckpt.pt")
 
     def wait_checkpoint(self) -> None:
         """Until the last checkpoint taken is on disk (a failed write, a full disk, raises here)."""

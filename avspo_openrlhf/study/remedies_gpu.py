@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from avspo_openrlhf import stats
+from avspo_openrlhf.atomic import atomic_write
 from avspo_openrlhf.study import compare, store, tables
 from avspo_openrlhf.study.loop import (
     PERFORMANCE_ONLY,
     Arm,
     RunSpec,
     StudySettings,
-    atomic_write,
     check_loop_arm,
     code_commit,
     device_and_dtype,

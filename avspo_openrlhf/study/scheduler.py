@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from avspo_openrlhf.study.loop import RunSpec, atomic_write
+from avspo_openrlhf.atomic import atomic_write
+from avspo_openrlhf.study.loop import RunSpec
 
 
 @dataclass(frozen=True)

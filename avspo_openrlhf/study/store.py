@@ -7,9 +7,9 @@ order in which a study starts its runs."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from avspo_openrlhf.atomic import atomic_write
 from avspo_openrlhf.study import compare, tables
 
 
@@ -32,9 +32,7 @@ def write_run(r: dict, path: Path, n: int) -> Path:
     """Run ``r`` as one file at ``path``, as :func:`publish_run` keeps it (atomically, packed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     packed = {**r, **{k: tables.pack_per_problem(r[k], m or n) for k, m in PER_PROBLEM.items() if r.get(k) is not None}}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(packed, indent=None), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(packed, indent=None))
     return path
 
 

@@ -25,21 +25,14 @@ import shutil
 
 from openrlhf.utils.deepspeed import DeepspeedStrategy
 
+from avspo_openrlhf.atomic import atomic_write
+
 COMPLETE = "AVSPO_COMPLETE"
 _STEP = re.compile(r"global_step(\d+)")
 
 
 class IncompleteCheckpoints(RuntimeError):
     """Checkpoint folders exist, none of them complete."""
-
-
-def _atomic_write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _checkpoints(save_dir: str) -> list[str]:
@@ -120,9 +113,9 @@ class CrashSafeStrategy(DeepspeedStrategy):
         )
         if not self.is_rank_0():
             return
-        _atomic_write(os.path.join(save_dir, tag, COMPLETE), "")
+        atomic_write(os.path.join(save_dir, tag, COMPLETE), "", fsync=True)
         if save_latest:
-            _atomic_write(os.path.join(save_dir, "latest"), tag)
+            atomic_write(os.path.join(save_dir, "latest"), tag, fsync=True)
         self._evict(save_dir, tag, max_num, max_mem)
 
     def _evict(self, save_dir: str, keep: str, max_num: int, max_mem: float) -> None:
