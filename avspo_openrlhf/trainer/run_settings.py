@@ -116,11 +116,6 @@ def remedy_configs_of(cfg: Settings) -> RemedyConfigs:
     return RemedyConfigs(cfg.remedy, cfg.remedy_config, cfg.acr, cfg.monitor)
 
 
-def chosen_remedy(args) -> str | None:
-    """The advantage remedy ``--remedy`` chose (its estimator's name), ``None`` for OpenRLHF's own."""
-    return settings(args).remedy
-
-
 def controller_from_flags(args):
     """The :class:`~avspo_openrlhf.algo.CollapseController` that ``args`` describe: the ACR and
     monitor groups and the chosen remedy's group, typed by :func:`settings`, through the one builder;
