@@ -17,7 +17,10 @@ PKG = Path(__file__).resolve().parents[1] / "avspo_openrlhf"
 
 # lowest first; each entry: the top-level modules or subpackages of avspo_openrlhf in that layer
 LAYERS = [
-    ("base: small utilities", {"stats", "redaction", "ray_auth", "folder_lock", "swap", "startup", "atomic", "__init__"}),
+    (
+        "base: small utilities",
+        {"stats", "redaction", "ray_auth", "folder_lock", "swap", "startup", "atomic", "__init__"},
+    ),
     ("algo: the pure math of ACR and its remedies (torch only)", {"algo"}),
     ("the TRL and verl integrations: adapters directly over the pure math", {"integrations"}),
     ("rewards", {"rewards"}),
