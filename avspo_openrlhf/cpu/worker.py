@@ -56,8 +56,6 @@ class _AfterImport:
                 break
         else:
             return None
-        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
         spec.loader = _Then(spec.loader, self.actions.pop(name))
         if not self.actions:
             sys.meta_path.remove(self)
