@@ -8,6 +8,8 @@ export DS_ACCELERATOR=cpu WANDB_MODE=${WANDB_MODE:-offline} PYTHONUNBUFFERED=1
 # the suite starts many Python processes that import the stack: with Python's bytecode cache
 # off (PYTHONDONTWRITEBYTECODE, set by some CI images) each compiles it from source again, ~8 s apiece
 unset PYTHONDONTWRITEBYTECODE
+# a crash (even in the interpreter's exit, after the summary) prints every thread's Python stack
+export PYTHONFAULTHANDLER=1
 "$VENV/bin/python" -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then

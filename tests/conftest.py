@@ -11,9 +11,30 @@ from avspo_openrlhf.cpu.compat import install_gpu_module_stubs  # noqa: E402
 install_gpu_module_stubs()
 
 
+import sys  # noqa: E402
+
 import pytest  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_cluster_outlives_its_module(request):
+    """A Ray cluster or a torch.distributed group that a test module starts in this process is its own
+    to end. Left to the interpreter's exit, their threads (gloo's loops, Ray's core worker) were torn
+    down while still running, and the suite, every test passed, died with a segfault (exit 139)."""
+    yield
+    left = []
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        left.append("a Ray cluster")
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        left.append("a torch.distributed process group")
+    if left:
+        pytest.fail(f"{request.node.nodeid} left {' and '.join(left)} running; ended here", pytrace=False)
 
 
 @pytest.fixture(scope="session")

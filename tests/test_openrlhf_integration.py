@@ -419,6 +419,15 @@ class _Group:
         return []
 
 
+@pytest.fixture
+def plain_refs(monkeypatch):
+    """``ray.get`` of the fake group's refs (plain values) returns them: the real one would start a
+    local Ray cluster in the test process (its auto-init), which outlived the test and the session."""
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda refs, **kwargs: list(refs))
+
+
 def _trainer(args):
     from openrlhf.trainer.ppo_trainer import BasePPOTrainer
 
@@ -439,8 +448,7 @@ def _trainer(args):
     return t
 
 
-@pytest.mark.slow
-def test_state_is_saved_in_checkpoints_and_restored_exactly():
+def test_state_is_saved_in_checkpoints_and_restored_exactly(plain_refs):
     args = parse("--remedy", "avspo", "--acr.window", "2", "--ckpt.save_steps", "3")
     t = _trainer(args)
     gen = torch.Generator().manual_seed(0)
@@ -508,7 +516,7 @@ def test_non_finite_loss_stops_before_the_weights_are_synced(monkeypatch):
         t.ppo_train(4)  # inside train_step this is before broadcast_to_vllm and any checkpoint
 
 
-def test_alarm_stops_the_run_after_a_checkpoint():
+def test_alarm_stops_the_run_after_a_checkpoint(plain_refs):
     args = parse("--acr.stall_patience", "2", "--acr.stall_threshold", "0.35", "--monitor.stop_on_alarm", "acr_stall")
     args.ckpt.save_steps = float("inf")  # what PPOTrainer.__init__ makes of the default -1
     t = _trainer(args)
