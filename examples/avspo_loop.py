@@ -1,6 +1,6 @@
 """AVSPO (or any registered remedy) on a loop you can read in one sitting, without Ray, DeepSpeed or vLLM.
 
-The loop is the remedies study's (avspo_openrlhf/study/loop.py, one file): generate G completions per
+The loop is the remedies study's (avspo_openrlhf/study/loop.py; its engine study/hf_engine.py): generate G completions per
 prompt -> reward -> CollapseController.step (ACR, the gate, the estimator's advantages) -> policy loss
 -> optimizer step; the same algorithm objects `avspo-train` runs inside OpenRLHF. The math is in
 docs/algorithm.md. This script builds a run of a few steps and prints each step.
@@ -19,7 +19,8 @@ from pathlib import Path
 from avspo_openrlhf.algo import ESTIMATORS
 from avspo_openrlhf.data.io import write_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
-from avspo_openrlhf.study.loop import Arm, Run, RunSpec, StudySettings
+from avspo_openrlhf.study.loop import Run
+from avspo_openrlhf.study.spec import Arm, RunSpec, StudySettings
 
 
 def main(argv: list[str] | None = None) -> dict:

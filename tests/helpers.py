@@ -25,7 +25,7 @@ def small_study(**changes):
     ``changes``: each test file states only what it needs otherwise."""
     import dataclasses
 
-    from avspo_openrlhf.study.loop import StudySettings
+    from avspo_openrlhf.study.spec import StudySettings
 
     base = StudySettings(
         group_size=4,

@@ -32,7 +32,11 @@ def main(study_file: str, model: str, train: str, heldout: str, out: str) -> int
     import torch
 
     from avspo_openrlhf.study.engine import StackedEngine
-    from avspo_openrlhf.study.loop import RunSpec
+
+    try:
+        from avspo_openrlhf.study.spec import RunSpec
+    except ImportError:  # the frozen tree, before the study loop was split by concern
+        from avspo_openrlhf.study.loop import RunSpec
 
     torch.set_num_threads(1)  # one reduction order in both processes
     study = load_study(study_file)

@@ -21,8 +21,11 @@ from helpers import small_study
 
 from avspo_openrlhf.data.io import read_jsonl, write_jsonl
 from avspo_openrlhf.study.engine import StackedEngine
-from avspo_openrlhf.study.loop import Arm, Generate, HFEngine, Run, RunSpec, Update
+from avspo_openrlhf.study.hf_engine import HFEngine
+from avspo_openrlhf.study.loop import Run
+from avspo_openrlhf.study.protocol import Generate, Update
 from avspo_openrlhf.study.scheduler import Job, run_jobs
+from avspo_openrlhf.study.spec import Arm, RunSpec
 
 pytest.importorskip("transformers")
 TESTS = Path(__file__).resolve().parent

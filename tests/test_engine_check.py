@@ -16,7 +16,7 @@ from helpers import small_study
 
 from avspo_openrlhf.study import engine_check
 from avspo_openrlhf.study.engine import StackedEngine
-from avspo_openrlhf.study.loop import Update
+from avspo_openrlhf.study.protocol import Update
 
 ARMS = engine_check.every_update()
 # 6 prompts: two groups of each kind (mixed, all-wrong, all-right), 6 micro-batches of 4 sequences
@@ -95,7 +95,7 @@ def test_the_command_writes_the_result_and_a_line_per_arm(study_assets, study_re
     study.write_text(
         "from types import SimpleNamespace\n"
         "from helpers import small_study\n"
-        "from avspo_openrlhf.study.loop import Arm\n"
+        "from avspo_openrlhf.study.spec import Arm\n"
         "STUDY = SimpleNamespace(settings=small_study(prompts_per_step=3), "
         "arms={'GRPO': Arm('grpo'), 'RL-ZVP': Arm('rl_zvp')})\n"
     )

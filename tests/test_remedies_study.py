@@ -20,8 +20,8 @@ from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.stats import sign_flip_p, t_quantile
 from avspo_openrlhf.study import remedies, remedies_gpu, store, tables
 from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
-from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.remedies import RemediesStudy
+from avspo_openrlhf.study.spec import Arm
 from avspo_openrlhf.study.tables import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ STUDY = f"{HERE}/slot_rehearsal.py"  # inside the frozen tree, as the real study
 # needs a mixed, an all-wrong and an all-right group)
 STUDY_TEXT = """import sys
 
-from avspo_openrlhf.study.loop import Arm, StudySettings
+from avspo_openrlhf.study.spec import Arm, StudySettings
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
 
 STUDY = GPURemediesStudy(

@@ -18,10 +18,11 @@ import torch
 from helpers import small_study
 
 from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, CollapseController, collapse_stats
-from avspo_openrlhf.study import loop
+from avspo_openrlhf.study import fingerprint, hf_engine, loop, objective
+from avspo_openrlhf.study import spec as study_spec
 from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
-from avspo_openrlhf.study.loop import Arm, RunSpec
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, StudyError, check_pairable
+from avspo_openrlhf.study.spec import Arm, RunSpec
 
 pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def test_logprobs_and_entropies_are_those_of_the_sampling_temperature(assets, tm
     logits = torch.randn(3, 5, 11, dtype=torch.float64)
     targets = torch.randint(0, 11, (3, 5))
     for T in (0.7, 1.0, 1.5):
-        lp, ent = loop.token_logprobs_entropy(logits, targets, T, True)
+        lp, ent = objective.token_logprobs_entropy(logits, targets, T, True)
         ref = torch.log_softmax(logits.float() / T, -1)
         assert torch.allclose(lp, ref.gather(-1, targets[..., None]).squeeze(-1), atol=1e-6)
         assert torch.allclose(ent, -(ref.exp() * ref).sum(-1), atol=1e-6)
@@ -89,7 +90,9 @@ def test_a_constant_advantage_on_policy_leaves_the_entropy_unchanged():
         z = base.clone().requires_grad_(True)
         p = torch.softmax(z.detach() / T, -1)  # the sampling distribution: the exact expectation over samples
         vocab = torch.arange(50).expand(64, 50)
-        lp, _ = loop.token_logprobs_entropy(z[:, None, :].expand(64, 50, 50), vocab, temperature_of_logprobs, False)
+        lp, _ = objective.token_logprobs_entropy(
+            z[:, None, :].expand(64, 50, 50), vocab, temperature_of_logprobs, False
+        )
         (-(A * p * lp).sum()).backward()
         with torch.no_grad():
             after = z - lr * z.grad
@@ -103,6 +106,36 @@ def test_a_constant_advantage_on_policy_leaves_the_entropy_unchanged():
 
 
 # ── 2. controls that control ──
+
+
+def test_the_policy_loss_is_one_runs_mean_and_stacks_per_run():
+    """The objective both engines use: - sum of A * log pi over completion tokens / the batch's token
+    count; along a leading run axis each run gets its own loss; a masked position adds an exact 0
+    even where its log-prob is NaN."""
+    lp = torch.tensor([[-1.0, -2.0, float("nan")], [-0.5, -0.25, -4.0]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([[2.0, 2.0, 2.0], [-1.0, -1.0, -1.0]])
+    loss = objective.policy_loss(lp, adv, mask, mask.sum())
+    assert loss.item() == pytest.approx(-(2 * -1 + 2 * -2 + -1 * -0.5 + -1 * -0.25 + -1 * -4) / 5)
+    loss.backward()
+    assert torch.isfinite(lp.grad).all() and lp.grad[0, 2] == 0  # the NaN's position: no gradient
+    assert torch.equal(lp.grad, -adv * mask / 5)
+    runs = torch.stack([lp.detach(), lp.detach().flip(0)])  # [R=2, b, T]
+    masks, advs = torch.stack([mask, mask.flip(0)]), torch.stack([adv, adv.flip(0)])
+    per_run = objective.policy_loss(runs, advs, masks, masks.sum((1, 2)))
+    assert per_run.shape == (2,) and torch.equal(per_run[0], per_run[1]) and per_run[0] == loss.detach()
+
+
+def test_the_training_mask_opens_blind_queries_and_decoding_reads_its_last_row():
+    """The attention rule of both engines: causal over real keys; a left pad's query (no key to see)
+    sees every key; the mask of one new query at ``start`` is the last row of the whole sequence's."""
+    valid = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    m = objective.causal_mask(valid, 4)[:, 0]  # [n, L, S]
+    assert m[0, 0].all() and m[0, 1].all()  # the two pads' queries see every key
+    assert m[0, 2].tolist() == [False, False, True, False] and m[0, 3].tolist() == [False, False, True, True]
+    assert torch.equal(m[1], torch.ones(4, 4, dtype=torch.bool).tril())
+    last = objective.causal_mask(valid, 1, start=3)[:, 0, 0]
+    assert torch.equal(last, m[:, 3])
 
 
 def test_the_random_sign_control_ignores_the_rewards():
@@ -204,7 +237,7 @@ def test_no_query_row_of_the_training_forward_is_blind(assets, tmp_path, monkeyp
     width_c, pos = ro.mask.shape[1], (ro.attn.cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
         logits = model(input_ids=ro.ids, attention_mask=ro.attn, position_ids=pos).logits[:, -width_c - 1 : -1]
-        ref, _ = loop.token_logprobs_entropy(logits, ro.ids[:, -width_c:], 0.7, False)
+        ref, _ = objective.token_logprobs_entropy(logits, ro.ids[:, -width_c:], 0.7, False)
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", nan_where_blind)
 
     def grads_finite(forward) -> bool:
@@ -214,7 +247,7 @@ def test_no_query_row_of_the_training_forward_is_blind(assets, tmp_path, monkeyp
 
     def with_2d_mask():
         logits = model(input_ids=ro.ids, attention_mask=ro.attn, position_ids=pos).logits[:, -width_c - 1 : -1]
-        return loop.token_logprobs_entropy(logits, ro.ids[:, -width_c:], 0.7, False)[0]
+        return objective.token_logprobs_entropy(logits, ro.ids[:, -width_c:], 0.7, False)[0]
 
     assert not grads_finite(with_2d_mask) and sum(blind_rows) > 0
     blind_rows.clear()
@@ -224,9 +257,9 @@ def test_no_query_row_of_the_training_forward_is_blind(assets, tmp_path, monkeyp
     m = ro.mask.bool()
     assert torch.allclose(lp[m], ref[m], atol=1e-6)
     # eager attention takes the same mask as an additive one
-    eager = loop.training_attention_mask(ro.attn, "eager")
-    assert eager.dtype == torch.float32 and torch.equal(eager == 0, loop.training_attention_mask(ro.attn))
-    assert loop.training_attention_mask(ro.attn, "flash_attention_2") is ro.attn
+    eager = hf_engine.training_attention_mask(ro.attn, "eager")
+    assert eager.dtype == torch.float32 and torch.equal(eager == 0, hf_engine.training_attention_mask(ro.attn))
+    assert hf_engine.training_attention_mask(ro.attn, "flash_attention_2") is ro.attn
     # a model whose sliding window is shorter than the batch: refused, not trained on a full causal mask
     full = model.config.layer_types
     model.config.layer_types = ["sliding_attention"] * len(full)
@@ -277,7 +310,8 @@ def test_a_docstring_edit_of_the_algorithm_keeps_the_settings_hash(assets, tmp_p
     edited.write_text(edited.read_text().replace('"""', '"""One more docstring line.\n', 1))
     (tmp_path / "spec.json").write_text(spec(assets, Arm("grpo")).to_json())
     code = (
-        "import sys, avspo_openrlhf; from avspo_openrlhf.study.loop import RunSpec, settings_hash, code_fingerprint; "
+        "import sys, avspo_openrlhf; from avspo_openrlhf.study.spec import RunSpec; "
+        "from avspo_openrlhf.study.fingerprint import settings_hash, code_fingerprint; "
         "s = RunSpec.from_json(open(sys.argv[1]).read()); "
         "print(avspo_openrlhf.__file__, settings_hash(s.settings_record()), code_fingerprint())"
     )
@@ -287,8 +321,8 @@ def test_a_docstring_edit_of_the_algorithm_keeps_the_settings_hash(assets, tmp_p
     )
     assert out.returncode == 0, out.stderr[-3000:]
     where, hash_, code_hash = out.stdout.split()[-3:]
-    assert where.startswith(str(copy)) and code_hash != loop.code_fingerprint()  # the copy ran, edited
-    assert hash_ == loop.settings_hash(_record(assets))
+    assert where.startswith(str(copy)) and code_hash != fingerprint.code_fingerprint()  # the copy ran, edited
+    assert hash_ == fingerprint.settings_hash(_record(assets))
 
 
 def test_a_resaved_model_config_keeps_the_settings_hash_and_a_new_system_prompt_changes_it(assets, tmp_path):
@@ -299,21 +333,23 @@ def test_a_resaved_model_config_keeps_the_settings_hash_and_a_new_system_prompt_
     for name in ("config.json", "generation_config.json"):
         cfg = json.loads((resaved / name).read_text())
         (resaved / name).write_text(json.dumps({**cfg, "transformers_version": "9.9.9"}, indent=2))
-    assert loop.settings_hash(_record(assets, model=str(resaved))) == loop.settings_hash(base)
+    assert fingerprint.settings_hash(_record(assets, model=str(resaved))) == fingerprint.settings_hash(base)
     system = Path(shutil.copytree(assets["model"], tmp_path / "system"))
     template = system / "chat_template.jinja"
     template.write_text("<|im_start|>system\nYou are a careful solver.<|im_end|>\n" + template.read_text())
     other = _record(assets, model=str(system))
-    assert loop.settings_hash(other) != loop.settings_hash(base)
-    assert [d.split(":")[0] for d in loop.settings_difference(base, other)] == ["prompts", "tokenizer"]
+    assert fingerprint.settings_hash(other) != fingerprint.settings_hash(base)
+    assert [d.split(":")[0] for d in fingerprint.settings_difference(base, other)] == ["prompts", "tokenizer"]
 
 
 def test_another_loop_semantics_changes_the_settings_hash(assets, monkeypatch):
     base = _record(assets)
-    monkeypatch.setattr(loop, "LOOP_SEMANTICS", loop.LOOP_SEMANTICS + 1)
+    monkeypatch.setattr(study_spec, "LOOP_SEMANTICS", study_spec.LOOP_SEMANTICS + 1)
     bumped = _record(assets)
-    assert loop.settings_hash(bumped) != loop.settings_hash(base)
-    assert loop.settings_difference(base, bumped) == [f"semantics: {loop.LOOP_SEMANTICS - 1} vs {loop.LOOP_SEMANTICS}"]
+    assert fingerprint.settings_hash(bumped) != fingerprint.settings_hash(base)
+    assert fingerprint.settings_difference(base, bumped) == [
+        f"semantics: {study_spec.LOOP_SEMANTICS - 1} vs {study_spec.LOOP_SEMANTICS}"
+    ]
 
 
 # ── 5. common random numbers ──
@@ -324,7 +360,7 @@ def test_two_arms_with_one_seed_draw_the_same_sampling_numbers_at_every_step(ass
     first generation round from the same random state; with the same weights, the same tokens."""
     drawn: dict[str, dict[int, torch.Tensor]] = {}
     ids: dict[str, torch.Tensor] = {}
-    real_rollout, real_generate = loop.Run._rollout_g, loop.Policy.generate
+    real_rollout, real_generate = loop.Run._rollout_g, hf_engine.Policy.generate
     where = {}
 
     def rollout(self):
@@ -342,7 +378,7 @@ def test_two_arms_with_one_seed_draw_the_same_sampling_numbers_at_every_step(ass
         return ro
 
     monkeypatch.setattr(loop.Run, "_rollout_g", rollout)
-    monkeypatch.setattr(loop.Policy, "generate", generate)
+    monkeypatch.setattr(hf_engine.Policy, "generate", generate)
     for name, arm in (("GRPO", Arm("grpo")), ("AVSPO", Arm("avspo")), ("DAPO-DS", Arm("grpo", dynamic=True))):
         where.clear()
         where["arm"], drawn[name] = name, {}

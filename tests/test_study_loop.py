@@ -20,11 +20,11 @@ import torch
 from helpers import small_study
 
 from avspo_openrlhf import stats
-from avspo_openrlhf.study import loop
+from avspo_openrlhf.study import hf_engine, loop
 from avspo_openrlhf.study.compare import per_seed_diffs
-from avspo_openrlhf.study.loop import Arm, RunSpec, StudySettings, check_loop_arm
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, level_of, paired_t, seeds_for_halfwidth
 from avspo_openrlhf.study.scheduler import Job, run_jobs
+from avspo_openrlhf.study.spec import Arm, RunSpec, StudySettings, check_loop_arm
 
 pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]
@@ -119,14 +119,14 @@ def test_every_arm_trains_and_stops_at_the_token_budget(assets, tmp_path, method
 def test_dapo_ds_counts_the_refill_generation(assets, tmp_path, monkeypatch):
     """Every generated token is charged to the budget, also those of groups DS dropped."""
     generated = []
-    real = loop.Policy.generate
+    real = hf_engine.Policy.generate
 
     def counting(self, problems, n, *a, **k):
         ro = real(self, problems, n, *a, **k)
         generated.append((len(problems), ro.tokens))
         return ro
 
-    monkeypatch.setattr(loop.Policy, "generate", counting)
+    monkeypatch.setattr(hf_engine.Policy, "generate", counting)
     s = spec(
         assets, "DAPO-DS", reward="study_reward:half_collapsed", final_eval=False, mid_eval_tokens=0, token_budget=300
     )

@@ -2,8 +2,8 @@
 study loop's own :class:`~avspo_openrlhf.study.loop.Run` (its controller, prompt stream, GRESO, rewards,
 checkpoints, result), and what needs the model is served for all of them at once.
 
-A run's logic is a generator of requests (``Run.life_g``): :class:`~avspo_openrlhf.study.loop.Generate`
-and :class:`~avspo_openrlhf.study.loop.Update`. The engine collects the pending request of every live
+A run's logic is a generator of requests (``Run.life_g``): :class:`~avspo_openrlhf.study.protocol.Generate`
+and :class:`~avspo_openrlhf.study.protocol.Update`. The engine collects the pending request of every live
 run; while any run asks to generate, it serves every generation request in one batched generation
 (runs with fewer sequences get filler rows, ended from the start); when every live run asks for an
 update, one batched forward and backward, and one per-run AdamW step. So the runs advance in lockstep:
@@ -32,16 +32,11 @@ from pathlib import Path
 import torch
 
 from avspo_openrlhf.study import stacked
-from avspo_openrlhf.study.loop import (
-    Generate,
-    Policy,
-    Run,
-    RunSpec,
-    Update,
-    note_failure,
-    own_error,
-    token_logprobs_entropy,
-)
+from avspo_openrlhf.study.hf_engine import Policy
+from avspo_openrlhf.study.loop import Run, note_failure, own_error
+from avspo_openrlhf.study.objective import policy_loss, token_logprobs_entropy
+from avspo_openrlhf.study.protocol import Generate, Update
+from avspo_openrlhf.study.spec import RunSpec
 
 
 class RunView:
@@ -325,7 +320,7 @@ class StackedEngine:
                 acc["tok"][i] += float((extra.abs() * m[i]).sum())
             # every op is per run, so each run's weights get the gradient of its own loss alone: a run's
             # NaN stays in its own gradient (and its step is skipped)
-            per_run = -torch.where(m > 0, a.detach() * lp, 0.0).sum((1, 2)) / totals
+            per_run = policy_loss(lp, a, m, totals)
             per_run.sum().backward()
             acc["loss"] += per_run.detach().float().cpu()
             acc["ent"] += torch.where(m > 0, ent, 0.0).sum((1, 2)).float().cpu()

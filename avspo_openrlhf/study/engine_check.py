@@ -1,7 +1,7 @@
 """Does batching runs change an update beyond rounding? One update of every arm by both study engines,
 from the same weights on the same rollout, compared against the rounding scale of the precision.
 
-The process engine (``loop.HFEngine``: one transformers model and torch AdamW per run) and the
+The process engine (``hf_engine.HFEngine``: one transformers model and torch AdamW per run) and the
 stacked engine (``engine.StackedEngine``: K runs' weights stacked, one batched forward and backward,
 ``stacked.StackedAdamW``) must give each run the same update up to floating-point rounding. Here every
 arm is a real :class:`~avspo_openrlhf.study.loop.Run` whose first step (``Run.step_g``: rewards, the
@@ -42,17 +42,10 @@ import torch
 
 from avspo_openrlhf.folder_lock import release_folder
 from avspo_openrlhf.study.engine import StackedEngine
-from avspo_openrlhf.study.loop import (
-    Arm,
-    Generate,
-    HFEngine,
-    Run,
-    RunSpec,
-    StudySettings,
-    Update,
-    device_and_dtype,
-    device_name,
-)
+from avspo_openrlhf.study.hf_engine import HFEngine
+from avspo_openrlhf.study.loop import Run
+from avspo_openrlhf.study.protocol import Generate, Update
+from avspo_openrlhf.study.spec import Arm, RunSpec, StudySettings, device_and_dtype, device_name
 
 FACTOR = 2.0  # stacked vs process may differ by this many times the precision's own rounding
 FLOOR = 1e-4  # the least limit: fp32's rounding scale is 0 by construction
@@ -77,7 +70,7 @@ SMOLLM2_SHAPE = {
 def every_update() -> dict:
     """One arm of each kind of update the study's arms make (DAPO-DS's is GRPO's, on the groups its refill
     rounds kept): the check's default arms, on the CPU and on a GPU alike."""
-    from avspo_openrlhf.study.loop import Arm
+    from avspo_openrlhf.study.spec import Arm
 
     return {
         "GRPO": Arm("grpo"),

@@ -6,7 +6,7 @@ unpair its runs; another chat template, torch or GPU must.
 
 So the model is hashed by its weight tensors and its semantic config keys (not its file bytes), the
 tokenizer by its vocabulary, special tokens and chat template, the prompts as rendered and tokenized,
-and the code not at all: ``loop.LOOP_SEMANTICS`` is bumped by hand when what a run computes changes.
+and the code not at all: ``spec.LOOP_SEMANTICS`` is bumped by hand when what a run computes changes.
 :func:`code_fingerprint` is still recorded beside the record, as information."""
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def tokenizer_fingerprint(model: str) -> str:
 
 def chat_prompts(tok, problems: list[str], template: str) -> list[str]:
     """What the model is fed for each problem: ``make_prompt``'s text, or its messages through the
-    tokenizer's chat template (``loop.Policy.chats``, and what the prompts' hash reads)."""
+    tokenizer's chat template (``hf_engine.Policy.chats``, and what the prompts' hash reads)."""
     return [
         p if isinstance(p, str) else tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
         for p in (make_prompt(q, template) for q in problems)
@@ -184,13 +184,24 @@ def versions() -> dict:
 
 
 def device_kind(name: str) -> str:
-    """The kind of device a run computes on, from its name (``loop.device_name``): a CPU's core count
+    """The kind of device a run computes on, from its name (``spec.device_name``): a CPU's core count
     changes the speed, not the numbers, so it is dropped."""
     return re.sub(r", \d+ cores?\b", "", name)
 
 
 # the code a run's numbers depend on: the loop, the algorithm, the rewards (not the docs, not the report)
-_CODE = ("study/loop.py", "study/controls.py", "study/engine.py", "study/stacked.py", "algo", "rewards")
+_CODE = (
+    "study/spec.py",
+    "study/protocol.py",
+    "study/objective.py",
+    "study/hf_engine.py",
+    "study/loop.py",
+    "study/controls.py",
+    "study/engine.py",
+    "study/stacked.py",
+    "algo",
+    "rewards",
+)
 
 
 @functools.lru_cache(maxsize=1)

@@ -32,7 +32,7 @@ from avspo_openrlhf.cli import quickstart as qs
 from avspo_openrlhf.stats import t_halfwidth
 from avspo_openrlhf.study import acr, cells, store, tables
 from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
-from avspo_openrlhf.study.loop import Arm
+from avspo_openrlhf.study.spec import Arm
 from avspo_openrlhf.study.tables import cpu_line, fmt_t, mean_sd, precisions
 
 

@@ -3,7 +3,7 @@ once on one GPU (or the nodes of a cluster): the study loop (``study/loop.py``) 
 scheduler (``study/scheduler.py``), compared and reported here.
 
 Every run trains the same model on the same data with the same settings and stops at the same
-generated-token budget; arms differ only in their :class:`~avspo_openrlhf.study.loop.Arm`. A
+generated-token budget; arms differ only in their :class:`~avspo_openrlhf.study.spec.Arm`. A
 finished run is written to ``<out>/<arm>_seed<k>/result.json`` and, with ``--publish DIR``, to
 ``DIR/runs/<arm>_seed<k>.json`` with its per-problem records; a run found in either place with the
 same settings hash is not run again, so the study resumes later, on another machine, or as a Slurm
@@ -34,7 +34,9 @@ from pathlib import Path
 from avspo_openrlhf import stats
 from avspo_openrlhf.atomic import atomic_write
 from avspo_openrlhf.study import compare, store, tables
-from avspo_openrlhf.study.loop import (
+from avspo_openrlhf.study.fingerprint import settings_difference, settings_hash
+from avspo_openrlhf.study.scheduler import Job, measure_throughput, run_jobs
+from avspo_openrlhf.study.spec import (
     PERFORMANCE_ONLY,
     Arm,
     RunSpec,
@@ -43,10 +45,7 @@ from avspo_openrlhf.study.loop import (
     code_commit,
     device_and_dtype,
     device_name,
-    settings_difference,
-    settings_hash,
 )
-from avspo_openrlhf.study.scheduler import Job, measure_throughput, run_jobs
 
 STARTED = time.monotonic()  # when this command started (its imports first): --finish-by counts from here
 ALPHA = 0.05  # the family-wise error rate of the primary comparisons (Holm)
@@ -406,7 +405,8 @@ class GPURemediesStudy:
         set (by its content hash) is not this study's own."""
         import tempfile
 
-        from avspo_openrlhf.study.loop import file_sha256, read_rows
+        from avspo_openrlhf.study.fingerprint import file_sha256
+        from avspo_openrlhf.study.loop import read_rows
 
         with tempfile.TemporaryDirectory() as tmp:
             train, heldout, _ = self.make_data(Path(tmp))

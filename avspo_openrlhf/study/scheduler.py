@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avspo_openrlhf.atomic import atomic_write
-from avspo_openrlhf.study.loop import RunSpec
+from avspo_openrlhf.study.spec import RunSpec
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from avspo_openrlhf.study.objective import causal_mask
+
 
 def sliding_window(config) -> int | None:
     """The attention window a transformers config applies in some layer; None where every layer's
@@ -214,13 +216,7 @@ def forward(
         start = cache.length
         cache.valid[:, start : start + L] = valid
         keys_valid = cache.valid[:, : start + L]
-    S = keys_valid.shape[1]
-    causal = torch.ones(L, S, dtype=torch.bool, device=ids.device).tril(start)
-    mask = causal[None] & keys_valid[:, None, :]  # [n, L, S]
-    # a query with no key to attend (a left pad) attends itself: its output is never read, and no NaN
-    # is made that a zero weight could not cancel in the backward pass
-    mask = mask | ~mask.any(-1, keepdim=True)
-    mask = mask[:, None]  # [n, 1, L, S]
+    mask = causal_mask(keys_valid, L, start)  # [n, 1, L, S]: a left pad's query sees every key
     rep = cfg.heads // cfg.kv_heads
     for i in range(cfg.layers):
         p = f"model.layers.{i}."

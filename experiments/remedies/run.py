@@ -16,8 +16,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from avspo_openrlhf.study.loop import Arm
 from avspo_openrlhf.study.remedies import RemediesStudy
+from avspo_openrlhf.study.spec import Arm
 
 HERE = Path(__file__).resolve().parent
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from avspo_openrlhf.study.loop import Arm, StudySettings
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
+from avspo_openrlhf.study.spec import Arm, StudySettings
 
 # Every arm's mixed groups get GRPO's advantages with one convention (population std + 1e-6, the AVSPO
 # paper's), so two arms differ only in what they do with collapsed groups (NGRPO, whose virtual

@@ -1,7 +1,7 @@
 """The GPU study's two engines on CUDA (bf16 autocast), on the tiny model: the process engine's loop
 and the stacked engine each train and evaluate a few steps. The stacked engine's first CUDA run (an
 H200, 2026-11-28) stopped in its optimizer on a CPU/CUDA mix that no CPU test can show; the loop's
-first pilot lost a seed to NaN gradients from left-padded rows (``loop.training_attention_mask``)."""
+first pilot lost a seed to NaN gradients from left-padded rows (``hf_engine.training_attention_mask``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from helpers import small_study
 
 from avspo_openrlhf.study import loop
-from avspo_openrlhf.study.loop import Arm, RunSpec
 from avspo_openrlhf.study.scheduler import Job, run_jobs
+from avspo_openrlhf.study.spec import Arm, RunSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
