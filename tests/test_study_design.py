@@ -559,12 +559,7 @@ def test_the_stated_power_is_the_coded_rules_and_a_simulation_of_the_rule_agrees
     """Power and the detectable effect are those of the rule as coded (one real effect in a Holm family of
     m is tested at 0.05 / m, through the interval at the same level), not of a lone test at 0.05, and a
     simulation of the rule itself (its exact sign-flip p, Holm, its interval) agrees within a few points."""
-    from avspo_openrlhf.study.remedies_gpu import (
-        detectable_effect,
-        equivalence_chance,
-        power_at,
-        simulate_rule,
-    )
+    from avspo_openrlhf.study.compare import detectable_effect, equivalence_chance, power_at, simulate_rule
 
     # the issue's numbers: sd 7, 24 seeds, Holm over 4: 5.1 points detectable, not 4.2; 29 % and 78 %, not 52 and 92
     assert detectable_effect(0.07, 24, 4) == pytest.approx(0.0512, abs=5e-4)
@@ -580,7 +575,7 @@ def test_the_stated_power_is_the_coded_rules_and_a_simulation_of_the_rule_agrees
 
 
 def test_the_primary_seeds_are_the_ones_the_rule_needs_and_the_design_page_is_generated():
-    from avspo_openrlhf.study.remedies_gpu import detectable_effect, seeds_for_effect
+    from avspo_openrlhf.study.compare import detectable_effect, seeds_for_effect
 
     sys.modules.pop("run", None)  # another study's run.py may be imported under that name already
     sys.path.insert(0, str(ROOT / "experiments" / "remedies_gpu"))
@@ -630,7 +625,7 @@ def test_the_verdict_reads_the_planned_seeds_and_no_other(tmp_path):
 
 def test_the_interval_beside_a_verdict_is_at_its_holm_level_and_identical_arms_are_said_so():
     from avspo_openrlhf import stats
-    from avspo_openrlhf.study.remedies_gpu import holm, rule
+    from avspo_openrlhf.study.compare import holm, rule
 
     # 8 seeds: the smallest sign-flip p is 2 / 256, times 3 below 0.05 (with 6 seeds no remedy could differ)
     d = {
@@ -645,7 +640,7 @@ def test_the_interval_beside_a_verdict_is_at_its_holm_level_and_identical_arms_a
     assert got["a"]["verdict"] == "better" and got["a"]["holm"] == pytest.approx(3 * 2 / 256)
     assert got["b"]["verdict"] == "equivalent" and got["c"]["verdict"] == "identical"
     # tied p's, which Holm adjusts alike, share the level of their first rank
-    from avspo_openrlhf.study.remedies_gpu import holm_levels
+    from avspo_openrlhf.study.compare import holm_levels
 
     assert holm_levels({"x": 0.01, "y": 0.01, "z": 0.5}) == pytest.approx(
         {"x": 1 - 0.05 / 3, "y": 1 - 0.05 / 3, "z": 0.95}
@@ -776,7 +771,7 @@ def test_a_runs_failed_launches_add_up_across_machines_and_only_its_own_errors_c
 
 @pytest.mark.slow
 def test_probability_of_improvement_and_p_formatting():
-    from avspo_openrlhf.study.remedies_gpu import probability_of_improvement
+    from avspo_openrlhf.study.compare import probability_of_improvement
     from avspo_openrlhf.study.tables import fmt_p
 
     better = probability_of_improvement([[0.9], [0.8], [0.85]], [[0.1], [0.2], [0.15]])

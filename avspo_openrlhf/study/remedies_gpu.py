@@ -31,9 +31,17 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from avspo_openrlhf import stats
 from avspo_openrlhf.atomic import atomic_write
 from avspo_openrlhf.study import compare, store, tables
+from avspo_openrlhf.study.compare import (
+    ALPHA,
+    MARGIN,
+    detectable_effect,
+    equivalence_chance,
+    power_at,
+    probability_of_improvement,
+    rule,
+)
 from avspo_openrlhf.study.fingerprint import settings_difference, settings_hash
 from avspo_openrlhf.study.scheduler import Job, measure_throughput, run_jobs
 from avspo_openrlhf.study.spec import (
@@ -48,9 +56,6 @@ from avspo_openrlhf.study.spec import (
 )
 
 STARTED = time.monotonic()  # when this command started (its imports first): --finish-by counts from here
-ALPHA = 0.05  # the family-wise error rate of the primary comparisons (Holm)
-MARGIN = 0.05  # the default "no difference larger than" margin (a study sets its own: GPURemediesStudy.margin)
-POWER = 0.8  # the power at which the minimum detectable effect is stated
 # a run that fails on an error of its own in this many launches has failed for good: it is scored by the
 # rule (its last mid-run evaluation, or 0) and never run again nor replaced; a crash of the process it
 # shared with others (out of memory, a kill) is not its failure and does not count
@@ -59,182 +64,6 @@ FAIL_ATTEMPTS = 2
 
 class StudyError(ValueError):
     """A study's runs cannot be compared as they are (mixed settings): the message says why."""
-
-
-# ── statistics ──
-
-
-def seeds_for_halfwidth(sd: float, halfwidth: float, max_n: int = 1000) -> int | None:
-    """The fewest seeds n whose 95 % t interval of a mean difference with standard deviation ``sd``
-    has a half-width of at most ``halfwidth`` (t quantile with n - 1 degrees of freedom); None past
-    ``max_n``."""
-    for n in range(2, max_n + 1):
-        if stats.t_quantile(0.975, n - 1) * sd / math.sqrt(n) <= halfwidth:
-            return n
-    return None
-
-
-def detectable_effect(sd: float, n: int, family: int = 1, power: float = POWER, alpha: float = ALPHA) -> float | None:
-    """The smallest true mean difference the decision rule (:func:`rule`) declares with probability
-    ``power`` over ``n`` seeds at a per-seed sd of ``sd``, when it is the one real effect of a Holm
-    family of ``family`` comparisons: Holm's first step tests it at alpha / family, and the interval
-    the rule reads is at the same level (a two-sided paired t, statsmodels' noncentral t; the rule's
-    exact sign-flip p behaves alike on near-normal differences: :func:`simulate_rule` checks it)."""
-    from statsmodels.stats.power import TTestPower
-
-    if n < 2 or not sd > 0:
-        return None
-    d = TTestPower().solve_power(nobs=n, alpha=alpha / family, power=power, alternative="two-sided")
-    return float(d) * sd
-
-
-def power_at(effect: float, sd: float, n: int, family: int = 1, alpha: float = ALPHA) -> float | None:
-    """The probability that the rule declares a true ``effect`` (the one real effect of a family of
-    ``family``: tested at alpha / family, see :func:`detectable_effect`)."""
-    from statsmodels.stats.power import TTestPower
-
-    if n < 2 or not sd > 0:
-        return None
-    return float(TTestPower().power(effect_size=effect / sd, nobs=n, alpha=alpha / family, alternative="two-sided"))
-
-
-def seeds_for_effect(
-    sd: float, effect: float, family: int, power: float = POWER, floor: int = 24, max_n: int = 1000
-) -> int | None:
-    """The fewest seeds, at least ``floor``, at which the rule detects a true ``effect`` with
-    probability ``power`` (:func:`detectable_effect` at most ``effect``); None past ``max_n``."""
-    for n in range(max(2, floor), max_n + 1):
-        if detectable_effect(sd, n, family, power) <= effect:
-            return n
-    return None
-
-
-def holm_levels(p: dict[str, float], alpha: float = ALPHA) -> dict[str, float]:
-    """The confidence level of the interval beside each comparison's Holm verdict: the comparison of
-    rank j (ascending p) is tested at alpha / (m - j + 1), so its interval is at 1 - alpha / (m - j + 1)
-    (the largest p's at 1 - alpha); tied p's, which Holm adjusts alike, at their first rank's level."""
-    ranked = sorted(p, key=lambda a: p[a])
-    first = {}  # tied p's share one adjusted p, so one level: that of the block's first rank
-    for j, a in enumerate(ranked):
-        first.setdefault(p[a], j)
-    return {a: 1 - alpha / (len(p) - first[p[a]]) for a in ranked}
-
-
-def rule(per_seed: dict[str, list[float] | None], margin: float, alpha: float = ALPHA) -> dict[str, dict]:
-    """The decision rule, fixed before the runs, on each primary comparison's per-seed paired
-    differences (None: no runs, p = 1). For each: the exact sign-flip p, Holm's adjusted p over the
-    whole family, the t interval at its Holm level (:func:`holm_levels`), and the verdict:
-    ``better``/``worse`` when the adjusted p is below ``alpha`` and the interval excludes 0;
-    ``equivalent`` (no difference larger than ``margin``) when the interval lies inside +-margin;
-    ``identical`` when every seed's difference is exactly 0 (the remedy never changed a run: no
-    evidence about the remedy, not equivalence); ``inconclusive`` otherwise."""
-    p = {a: (stats.sign_flip_p(d) if d and len(d) >= 2 else 1.0) for a, d in per_seed.items()}
-    adjusted, levels = holm(p), holm_levels(p, alpha)
-    out = {}
-    for a, d in per_seed.items():
-        ci = list(stats.t_interval(d, levels[a])[2:]) if d and len(d) >= 2 else None
-        if ci is None:
-            verdict = "inconclusive"
-        elif not any(d):  # every seed's difference exactly 0: the two arms trained alike (a gate never opened)
-            verdict = "identical"
-        elif (ci[0] > 0 or ci[1] < 0) and adjusted[a] < alpha:
-            verdict = "better" if ci[0] > 0 else "worse"
-        elif -margin < ci[0] and ci[1] < margin:
-            verdict = "equivalent"
-        else:
-            verdict = "inconclusive"
-        out[a] = {"p": p[a], "holm": adjusted[a], "level": levels[a], "ci": ci, "verdict": verdict}
-    return out
-
-
-def equivalence_chance(
-    sd: float, n: int, family: int, margin: float, effect: float = 0.0, reps: int = 20_000, seed: int = 0
-) -> float:
-    """The chance that the rule says "no difference larger than ``margin``" of a comparison whose true
-    difference is ``effect`` (the others of the family at 0): its interval at its Holm level lies
-    inside +-margin. Vectorized over ``reps`` simulated studies; the comparisons are ranked by their
-    |t| where the rule ranks them by the exact sign-flip p (which orders near-normal differences
-    alike), so that a 37-seed study is simulated in a second (:func:`simulate_rule` runs the rule)."""
-    import numpy as np
-    from scipy.stats import t as student_t
-
-    rng = np.random.default_rng(seed)
-    d = rng.normal(0.0, sd, size=(reps, family, n))
-    d[:, 0] += effect
-    mean, se = d.mean(-1), d.std(-1, ddof=1) / math.sqrt(n)
-    rank = np.argsort(np.argsort(-np.abs(mean / se), axis=1), axis=1)  # 0: the largest |t|, tested first
-    half = student_t.ppf(1 - ALPHA / (family - rank) / 2, n - 1) * se
-    inside = (mean - half > -margin) & (mean + half < margin)
-    return float(inside[:, 0].mean())
-
-
-def simulate_rule(
-    effect: float, sd: float, n: int, family: int, margin: float, reps: int = 1000, seed: int = 0
-) -> dict[str, float]:
-    """The rule (:func:`rule`) applied to ``reps`` simulated studies: the first comparison's per-seed
-    differences drawn from N(effect, sd), the other ``family - 1`` from N(0, sd). Returns the share of
-    studies whose verdict on the first is each verdict (``better`` is the power at ``effect`` > 0,
-    ``equivalent`` at ``effect`` = 0 the chance to say "no difference larger than margin")."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    counts = {"better": 0, "worse": 0, "equivalent": 0, "identical": 0, "inconclusive": 0}
-    for _ in range(reps):
-        draws = rng.normal(0.0, sd, size=(family, n))
-        draws[0] += effect
-        counts[rule({f"arm{i}": list(draws[i]) for i in range(family)}, margin)["arm0"]["verdict"]] += 1
-    return {k: v / reps for k, v in counts.items()}
-
-
-def holm(p: dict[str, float]) -> dict[str, float]:
-    """Holm's step-down adjustment of a family of comparisons (name -> p): the j-th smallest p times
-    m - j + 1, made monotone and capped at 1 (statsmodels' ``multipletests(method="holm")``, which
-    runs a full garbage collection on every call: 0.3 s, too slow to simulate the rule)."""
-    ranked = sorted(p, key=lambda a: p[a])
-    out, running = {}, 0.0
-    for j, a in enumerate(ranked):
-        running = max(running, min(1.0, (len(p) - j) * p[a]))
-        out[a] = running
-    return {a: out[a] for a in p}
-
-
-def probability_of_improvement(x, y, seed: int = 0, n_boot: int = 2000) -> dict | None:
-    """P(X > Y) of Agarwal et al. (2021): per level, the Mann-Whitney U of the runs' accuracies over
-    n_x n_y (scipy.stats.mannwhitneyu), averaged over the levels; with a 95 % percentile interval
-    from a bootstrap that resamples each arm's runs (scipy.stats.bootstrap). ``x``, ``y``: ``[runs,
-    levels]``. rliable computes the same; its last release (1.2.0) fails with pandas 3 and arch 8
-    (its StratifiedBootstrap passes ``random_state=None`` that arch 8 refuses), so scipy does it here."""
-    import numpy as np
-    from scipy.stats import bootstrap, mannwhitneyu
-
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if x.shape[0] < 2 or y.shape[0] < 2:
-        return None
-
-    def poi(a, b):
-        return float(
-            np.mean(
-                [
-                    0.5
-                    if np.array_equal(a[:, j], b[:, j])
-                    else mannwhitneyu(a[:, j], b[:, j], alternative="greater").statistic / (len(a) * len(b))
-                    for j in range(a.shape[1])
-                ]
-            )
-        )
-
-    est = poi(x, y)
-    # resample run indices; the statistic reads each arm's rows at them (vectorized=False: one per resample)
-    res = bootstrap(
-        (np.arange(len(x)), np.arange(len(y))),
-        lambda i, j: poi(x[i.astype(int)], y[j.astype(int)]),
-        vectorized=False,
-        paired=False,
-        n_resamples=n_boot,
-        method="percentile",
-        rng=np.random.default_rng(seed),
-    )
-    return {"poi": est, "ci95": [float(res.confidence_interval.low), float(res.confidence_interval.high)]}
 
 
 # ── the study ──
