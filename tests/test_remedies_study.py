@@ -18,7 +18,7 @@ import pytest
 from avspo_openrlhf.data.io import read_jsonl
 from avspo_openrlhf.data.tasks import synthetic_arithmetic
 from avspo_openrlhf.stats import sign_flip_p, t_quantile
-from avspo_openrlhf.study import remedies, remedies_gpu, store, tables
+from avspo_openrlhf.study import remedies, remedies_gpu, remedies_gpu_report, store, tables
 from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
 from avspo_openrlhf.study.remedies import RemediesStudy
 from avspo_openrlhf.study.spec import Arm
@@ -257,7 +257,7 @@ def test_both_studies_order_and_keep_their_runs_one_way(study, tmp_path):
         ("GRPO", 1, 0.25),
         ("AVSPO", 0, 1.0),
     ]
-    with pytest.raises(remedies_gpu.StudyError, match="no settings record"):  # the GPU study adds its pairing check
+    with pytest.raises(store.StudyError, match="no settings record"):  # the GPU study adds its pairing check
         gpu.collect(tmp_path / "out", tmp_path / "pub")
 
 
@@ -373,13 +373,13 @@ def test_the_cpu_and_gpu_studies_compare_runs_with_one_function(study):
 
     cpu = runs(lambda k: f"arith/1000/{k}")
     gpu = runs(lambda k: f"heldout/{levels[k % len(levels)]}/{k}")
-    c_cpu, c_gpu = paired(cpu, "AVSPO", "GRPO", study.level), remedies_gpu.paired_t(gpu, "AVSPO", "GRPO")
+    c_cpu, c_gpu = paired(cpu, "AVSPO", "GRPO", study.level), remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO")
     assert c_cpu == c_gpu
     # seed 0: add1 +0.5, mul1 0, add2 0, multi (-0.5 - 0.25) / 2: +0.03125 over levels (+0.0714 over problems)
     assert c_cpu["seed_list"] == [0, 1, 2] and c_cpu["diff"] == pytest.approx((0.03125 + 0.25 + 0.25) / 3)
     cpu_row = study.level_compare_table(cpu, ["GRPO", "AVSPO"])[-1]
     gpu_cells = [
-        tables.fmt_t(remedies_gpu.paired_t(gpu, "AVSPO", "GRPO", lambda k, lv=lv: remedies_gpu.level_of(k) == lv))
+        tables.fmt_t(remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO", lambda k, lv=lv: remedies_gpu_report.level_of(k) == lv))
         for lv in levels
     ]
     assert cpu_row == "| AVSPO | " + " | ".join(gpu_cells) + " |"

@@ -21,8 +21,9 @@ from avspo_openrlhf.algo import ACRConfig, AVSPOConfig, CollapseController, coll
 from avspo_openrlhf.study import fingerprint, hf_engine, loop, objective
 from avspo_openrlhf.study import spec as study_spec
 from avspo_openrlhf.study.controls import format_reward, random_sign_advantages, sampling_seed
-from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, StudyError, check_pairable
+from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
 from avspo_openrlhf.study.spec import Arm, RunSpec
+from avspo_openrlhf.study.store import StudyError, check_pairable
 
 pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]

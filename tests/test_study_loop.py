@@ -22,7 +22,8 @@ from helpers import small_study
 from avspo_openrlhf import stats
 from avspo_openrlhf.study import hf_engine, loop
 from avspo_openrlhf.study.compare import per_seed_diffs, seeds_for_halfwidth
-from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy, level_of, paired_t
+from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
+from avspo_openrlhf.study.remedies_gpu_report import level_of, paired_t
 from avspo_openrlhf.study.scheduler import Job, run_jobs
 from avspo_openrlhf.study.spec import Arm, RunSpec, StudySettings, check_loop_arm
 

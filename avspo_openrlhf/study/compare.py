@@ -38,6 +38,11 @@ RESULT_SCHEMA = {
 CURVE_KEYS = ("step", "tokens", "wall_s", "reward", "acr", "acr_effective")
 
 
+# a run that fails on an error of its own in this many launches has failed for good: it is scored by the
+# rule (its last mid-run evaluation, or 0) and never run again nor replaced; a crash of the process it
+# shared with others (out of memory, a kill) is not its failure and does not count
+FAIL_ATTEMPTS = 2
+
 # A run that failed for good (the GPU study's rule, fixed before its runs: its own error in two launches)
 # is kept as a record that says so and carries the score the rule gives it; it is never replaced.
 FAILED_SCHEMA = {

@@ -1,5 +1,5 @@
 """What a study run's numbers depend on besides its arm, seed and settings, each part a short hash or a
-value: runs pair (``remedies_gpu.check_pairable``) only when :func:`settings_hash` of their records is
+value: runs pair (``store.check_pairable``) only when :func:`settings_hash` of their records is
 equal, so a record must name what changes results and nothing else. A study spans several GPU sessions
 from one frozen commit: a config re-saved by another transformers, a docstring or a refactor must not
 unpair its runs; another chat template, torch or GPU must.

@@ -153,7 +153,7 @@ class SpecMismatch(ValueError):
 
 def own_error(exc: BaseException) -> bool:
     """Whether an exception is the run's own failure (its logic, its data, its numbers), which a study's
-    rule counts (``remedies_gpu.FAIL_ATTEMPTS``), or the machine's: out of memory, a CUDA or device
+    rule counts (``compare.FAIL_ATTEMPTS``), or the machine's: out of memory, a CUDA or device
     error (sticky: every run of the process meets it), a folder locked by another process, a run folder
     of another spec. Those are not the run's: it resumes when started again."""
     from avspo_openrlhf.folder_lock import FolderBusy
@@ -168,7 +168,7 @@ def own_error(exc: BaseException) -> bool:
 def note_failure(run_dir: Path, error: str) -> dict:
     """Record in ``failure.json`` that the run in ``run_dir`` stopped on an error of its own (a raise in
     its logic or its part of a batched call; not a crash of the process it shared): the launches that
-    ended so, and the last error. A study's rule reads it (``remedies_gpu.FAIL_ATTEMPTS``)."""
+    ended so, and the last error. A study's rule reads it (``compare.FAIL_ATTEMPTS``)."""
     path = Path(run_dir) / "failure.json"
     old = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {"attempts": 0}
     record = {"attempts": int(old["attempts"]) + 1, "error": error.strip().splitlines()[-1][:500], "time": time.time()}
@@ -579,7 +579,7 @@ class Run:
         per = yield from evaluate(rows, 2, s, self.score, self.spec.seed + 104_729 + due[-1])
         pass1 = level_mean(per, rows)
         st["mid_evals"] += [{"milestone": m, "tokens": st["tokens"], "step": st["step"], "pass1": pass1} for m in due]
-        # beside the checkpoint: what a run that fails for good is scored by (remedies_gpu.FAIL_ATTEMPTS)
+        # beside the checkpoint: what a run that fails for good is scored by (compare.FAIL_ATTEMPTS)
         atomic_write(self.dir / "mid_evals.json", json.dumps(st["mid_evals"]))
 
     def train_g(self, log: Callable[[str], None] = print):

@@ -1,8 +1,9 @@
 """The remedies studies' runs as the repository keeps them, the CPU study's (``study/remedies.py``,
 ``avspo-train`` cells) and the GPU study's (``study/remedies_gpu.py``, the study loop) alike: one
 file per finished run, ``<published>/runs/<method>_seed<k>.json`` (its per-problem records packed),
-read back together with the runs of a run folder (``<out>/<method>_seed<k>/result.json``); and the
-order in which a study starts its runs."""
+read back together with the runs of a run folder (``<out>/<method>_seed<k>/result.json``); whether
+runs pair (one settings hash, else the fields that differ); and the order in which a study starts its
+runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from avspo_openrlhf.atomic import atomic_write
 from avspo_openrlhf.study import compare, tables
+from avspo_openrlhf.study.fingerprint import settings_difference
 
 
 def run_file(published: Path, method: str, seed: int) -> Path:
@@ -55,7 +57,7 @@ def collect(out: Path, published: Path | None) -> list[dict]:
     runs: dict[tuple[str, int], dict] = {}
     if published is not None:
         runs = {(r["method"], r["seed"]): r for r in read_runs(published)}
-    # a finished run's result, or the record of a run that failed for good (remedies_gpu.FAIL_ATTEMPTS)
+    # a finished run's result, or the record of a run that failed for good (compare.FAIL_ATTEMPTS)
     for f in sorted([*out.glob("*_seed*/result.json"), *out.glob("*_seed*/failed.json")]):
         r = json.loads(f.read_text(encoding="utf-8"))
         runs.setdefault((r["method"], r["seed"]), r)
@@ -74,3 +76,30 @@ def seed_major(groups: list[list[str]], planned: dict[str, int], seeds: list[int
         for s in seeds if seeds is not None else range(top):
             out += [(m, s) for m in group if seeds is not None or s < planned[m]]
     return out
+
+
+class StudyError(ValueError):
+    """A study's runs cannot be compared as they are (mixed settings): the message says why."""
+
+
+def check_pairable(results: list[dict]) -> dict | None:
+    """The settings record the runs share, or :class:`StudyError` naming the fields where two groups
+    of runs differ (runs without a record come from before the corrected design and are refused)."""
+    old = [f"{r['method']} seed {r['seed']}" for r in results if "settings_hash" not in r]
+    if old:
+        raise StudyError(
+            f"{len(old)} runs carry no settings record (made before the corrected design; not "
+            f"comparable): {', '.join(old[:5])}{' ...' if len(old) > 5 else ''}"
+        )
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        groups.setdefault(r["settings_hash"], []).append(r)
+    if len(groups) > 1:
+        (h1, g1), (h2, g2) = sorted(groups.items(), key=lambda kv: -len(kv[1]))[:2]
+        diff = settings_difference(g1[0]["settings"], g2[0]["settings"])
+        raise StudyError(
+            f"runs of different settings cannot be paired: {len(g1)} runs of {h1} (e.g. {g1[0]['method']} "
+            f"seed {g1[0]['seed']}) and {len(g2)} of {h2} (e.g. {g2[0]['method']} seed {g2[0]['seed']}) "
+            f"differ in {'; '.join(diff) or 'their hash only'}. Publish each into its own folder."
+        )
+    return results[0]["settings"] if results else None
