@@ -19,22 +19,27 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _no_cluster_outlives_its_module(request):
-    """A Ray cluster or a torch.distributed group that a test module starts in this process is its own
-    to end. Left to the interpreter's exit, their threads (gloo's loops, Ray's core worker) were torn
-    down while still running, and the suite, every test passed, died with a segfault (exit 139)."""
+def _no_ray_cluster_outlives_its_module(request):
+    """A Ray cluster that a test module starts in this process is its own to end: one left running
+    (``ray.get`` auto-starts one) outlived the whole session, and its threads were torn down by the
+    interpreter's exit while still running."""
     yield
-    left = []
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         ray.shutdown()
-        left.append("a Ray cluster")
+        pytest.fail(f"{request.node.nodeid} left a Ray cluster running; ended here", pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _process_group_ends_before_exit():
+    """The gloo group of the in-process DeepSpeed actors (test_deepspeed_ppo, test_reliability,
+    test_rl_zvp_entropy) is one for the session: DeepSpeed keeps the groups it derives from it, so a
+    module that ended it broke the next module's actors. It ends here, after the last test, not in the
+    interpreter's exit, where its threads were torn down while running (CI's exit 139, every test passed)."""
+    yield
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-        left.append("a torch.distributed process group")
-    if left:
-        pytest.fail(f"{request.node.nodeid} left {' and '.join(left)} running; ended here", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -24,15 +24,6 @@ from avspo_openrlhf.trainer.trainers import STATE_KEY  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _process_group_ends_with_the_module():
-    """The actors' gloo group (DeepSpeed's init_distributed, world size 1) ends with this module. Not
-    after each test: DeepSpeed keeps the groups it derives, and a second test would get dead ones."""
-    yield
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def _port():
     with socket.socket() as s:
         s.bind(("", 0))

@@ -379,7 +379,9 @@ def test_the_cpu_and_gpu_studies_compare_runs_with_one_function(study):
     assert c_cpu["seed_list"] == [0, 1, 2] and c_cpu["diff"] == pytest.approx((0.03125 + 0.25 + 0.25) / 3)
     cpu_row = study.level_compare_table(cpu, ["GRPO", "AVSPO"])[-1]
     gpu_cells = [
-        tables.fmt_t(remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO", lambda k, lv=lv: remedies_gpu_report.level_of(k) == lv))
+        tables.fmt_t(
+            remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO", lambda k, lv=lv: remedies_gpu_report.level_of(k) == lv)
+        )
         for lv in levels
     ]
     assert cpu_row == "| AVSPO | " + " | ".join(gpu_cells) + " |"

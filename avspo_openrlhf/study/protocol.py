@@ -11,9 +11,11 @@ it (``study/hf_engine.py``'s ``HFEngine``, one run per process; ``study/engine.p
   gradient was not finite and the step was skipped): one AdamW step on the objective of
   ``Update``'s docstring.
 
-Besides ``serve``, an engine gives the run ``policy`` (the tokenizer side: encoding, rollouts),
-``model_state()``, ``optimizer_state()`` and ``load_states(model, optimizer)`` for its checkpoints
-(:class:`Engine`)."""
+An engine gives the run ``policy`` (the tokenizer side: encoding, rollouts), ``model_state()``,
+``optimizer_state()`` and ``load_states(model, optimizer)`` for its checkpoints (:class:`Engine`).
+The process engine answers a request through ``serve`` (the run drives itself: ``Run._drive``); the
+stacked engine answers the request generators of K runs itself and gives each run a view
+(``engine.RunView``) without ``serve``."""
 
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ class Engine(Protocol):
 
     policy: object  # study/hf_engine.Policy (with the model, or the tokenizer side only)
 
-    def serve(self, req: Generate | Update) -> Rollout | dict: ...
+    def serve(self, req: Generate | Update) -> Rollout | dict: ...  # the process engine's
 
     def model_state(self) -> dict: ...
 
