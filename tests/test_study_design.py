@@ -125,6 +125,9 @@ def test_the_policy_loss_is_one_runs_mean_and_stacks_per_run():
     masks, advs = torch.stack([mask, mask.flip(0)]), torch.stack([adv, adv.flip(0)])
     per_run = objective.policy_loss(runs, advs, masks, masks.sum((1, 2)))
     assert per_run.shape == (2,) and torch.equal(per_run[0], per_run[1]) and per_run[0] == loss.detach()
+    # the finiteness check reads the completion tokens only, per run along the run axis
+    assert objective.masked_finite(lp.detach(), mask) and not objective.masked_finite(lp.detach(), torch.ones(2, 3))
+    assert objective.masked_finite(runs, torch.stack([mask, torch.ones(2, 3)])).tolist() == [True, False]
 
 
 def test_the_training_mask_opens_blind_queries_and_decoding_reads_its_last_row():

@@ -34,7 +34,7 @@ import torch
 from avspo_openrlhf.study import stacked
 from avspo_openrlhf.study.hf_engine import Policy
 from avspo_openrlhf.study.loop import Run, note_failure, own_error
-from avspo_openrlhf.study.objective import policy_loss, token_logprobs_entropy
+from avspo_openrlhf.study.objective import diagnosis, masked_finite, policy_loss, token_logprobs_entropy
 from avspo_openrlhf.study.protocol import Generate, Update
 from avspo_openrlhf.study.spec import RunSpec
 
@@ -306,7 +306,7 @@ class StackedEngine:
                 logits = stacked.forward(params, self.cfg, ids[:, sl], attn[:, sl], pos[:, sl], keep=Tc + 1)[:, :, :-1]
             lp, ent = token_logprobs_entropy(logits, ids[:, sl, -Tc:], s.temperature, True)
             m = mask[:, sl]
-            finite["ent"] &= torch.where(m > 0, ent, 0.0).isfinite().all(-1).all(-1).cpu()
+            finite["ent"] &= masked_finite(ent, m).cpu()
             a = adv[:, sl, None].expand_as(lp).clone()
             for i in token_runs:
                 if not finite["ent"][i] or ks[i] in self.failed:  # its step is skipped, or it has failed
@@ -325,7 +325,7 @@ class StackedEngine:
             acc["loss"] += per_run.detach().float().cpu()
             acc["ent"] += torch.where(m > 0, ent, 0.0).sum((1, 2)).float().cpu()
             finite["loss"] &= torch.isfinite(per_run.detach()).cpu()
-            finite["lp"] &= torch.where(m > 0, lp.detach(), 0.0).isfinite().all(-1).all(-1).cpu()
+            finite["lp"] &= masked_finite(lp.detach(), m).cpu()
         active = torch.zeros(len(self.dirs), dtype=torch.bool)
         active[ks] = finite["ent"] & torch.tensor([k not in self.failed for k in ks])
         norms, stepped = self.opt.step(s.grad_clip, active)
@@ -346,13 +346,7 @@ class StackedEngine:
                     bad = [
                         n for n, p in self.params.items() if p.grad is not None and not torch.isfinite(p.grad[k]).all()
                     ]
-                    o["diagnosis"] = {
-                        "loss_finite": bool(finite["loss"][i]),
-                        "logprobs_finite": bool(finite["lp"][i]),
-                        "entropy_finite": bool(finite["ent"][i]),
-                        "nonfinite_grads": len(bad),
-                        "first_nonfinite_grads": bad[:5],
-                    }
+                    o["diagnosis"] = diagnosis(finite["loss"][i], finite["lp"][i], finite["ent"][i], bad)
                 out[k] = o
             except Exception:
                 self._fail(k, self.runs[k].spec)

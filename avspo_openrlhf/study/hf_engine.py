@@ -14,7 +14,13 @@ from avspo_openrlhf.study.fingerprint import (
     chat_prompts,
     settings_difference,  # noqa: F401  re-exported: remedies_gpu and the tests import it from here
 )
-from avspo_openrlhf.study.objective import causal_mask, policy_loss, token_logprobs_entropy
+from avspo_openrlhf.study.objective import (
+    causal_mask,
+    diagnosis,
+    masked_finite,
+    policy_loss,
+    token_logprobs_entropy,
+)
 from avspo_openrlhf.study.protocol import Generate, Rollout, Update
 from avspo_openrlhf.study.spec import RunSpec, StudySettings, device_and_dtype
 from avspo_openrlhf.study.stacked import draw_tokens, draw_uniforms, sliding_window
@@ -220,7 +226,7 @@ class HFEngine:
             lp, ent = self.policy.logprobs_entropy(ro.ids[sl], ro.attn[sl], width_c, True, s.temperature, autocast)
             m = mask[sl]
             a = adv[sl, None].expand_as(lp)
-            out["entropy_finite"] &= bool(torch.isfinite(ent[m > 0]).all())
+            out["entropy_finite"] &= bool(masked_finite(ent, m))
             if ctrl.needs_entropy and out["entropy_finite"]:  # else the step is skipped (and RL-ZVP's would raise)
                 tok_adv = ctrl.token_advantages(ent, m, sign[sl].to(ent.device))
                 a = a + tok_adv
@@ -230,7 +236,7 @@ class HFEngine:
             out["loss"] += float(loss.detach())
             out["entropy_sum"] += float(torch.where(m > 0, ent, 0.0).sum())
             out["loss_finite"] &= bool(torch.isfinite(loss))
-            out["logprobs_finite"] &= bool(torch.isfinite(lp[m > 0]).all())
+            out["logprobs_finite"] &= bool(masked_finite(lp.detach(), m))
         out["total"] = float(total)
         return out
 
@@ -260,13 +266,7 @@ class HFEngine:
             for n, p in self.policy.model.named_parameters()
             if p.grad is not None and not torch.isfinite(p.grad).all()
         ]
-        diag = {
-            "loss_finite": b["loss_finite"],
-            "logprobs_finite": b["logprobs_finite"],
-            "entropy_finite": b["entropy_finite"],
-            "nonfinite_grads": len(bad),
-            "first_nonfinite_grads": bad[:5],
-        }
+        diag = diagnosis(b["loss_finite"], b["logprobs_finite"], b["entropy_finite"], bad)
         if self.policy.dtype != torch.float32:
             fp32 = self._backward(req.ro, adv, req.sign, autocast=False)
             norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), float("inf"))

@@ -1,7 +1,7 @@
 """The update's objective, written once for both engines (``study/hf_engine.py``: one run per
 process; ``study/engine.py``: K runs stacked in one process): the completion tokens' log-probs and
-entropies under the sampling policy, the policy loss, and the attention rule of the training forward
-for rows with left padding. Pure tensor functions: a leading run axis (``[R, ...]``) is carried
+entropies under the sampling policy, the policy loss, the finiteness checks and the diagnosis of a
+skipped step, and the attention rule of the training forward for rows with left padding. Pure tensor functions: a leading run axis (``[R, ...]``) is carried
 through, so the stacked engine gets one loss per run from the same lines."""
 
 from __future__ import annotations
@@ -32,6 +32,24 @@ def policy_loss(lp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, total: 
     advantages ``[..., b, T]`` and carries no gradient. A masked position adds an exact 0 even where its
     log-prob is not finite (``0 * NaN`` would poison the sum)."""
     return -torch.where(mask > 0, adv.detach() * lp, 0.0).sum((-2, -1)) / total
+
+
+def masked_finite(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Whether ``x`` is finite at every completion token: ``[b, T]`` gives a 0-d bool, ``[R, b, T]``
+    one per run (a masked position is not read)."""
+    return torch.where(mask > 0, x, 0.0).isfinite().all(-1).all(-1)
+
+
+def diagnosis(loss_finite: bool, logprobs_finite: bool, entropy_finite: bool, bad_grads: list[str]) -> dict:
+    """What a skipped step reports: which of the forward's outputs were finite, and the parameters
+    whose gradient was not (their count, the first five names)."""
+    return {
+        "loss_finite": bool(loss_finite),
+        "logprobs_finite": bool(logprobs_finite),
+        "entropy_finite": bool(entropy_finite),
+        "nonfinite_grads": len(bad_grads),
+        "first_nonfinite_grads": bad_grads[:5],
+    }
 
 
 def causal_mask(keys_valid: torch.Tensor, queries: int, start: int = 0) -> torch.Tensor:
