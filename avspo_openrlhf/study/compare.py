@@ -198,6 +198,17 @@ def seeds_for_effect(
     return None
 
 
+def fewest_seeds(family: int, alpha: float = ALPHA) -> int:
+    """The fewest seeds at which the rule (:func:`rule`) can declare a difference at all: the exact
+    sign-flip p of n seeds is at least 2 / 2^n (every seed of one sign), and Holm needs the smallest
+    p of a family of ``family`` below alpha / family. Below it a plan can only end "inconclusive", or
+    "no difference" read off a t interval of one or two degrees of freedom: no verdict is given."""
+    n = 2
+    while 2.0 ** (1 - n) >= alpha / family:
+        n += 1
+    return n
+
+
 def holm_levels(p: dict[str, float], alpha: float = ALPHA) -> dict[str, float]:
     """The confidence level of the interval beside each comparison's Holm verdict: the comparison of
     rank j (ascending p) is tested at alpha / (m - j + 1), so its interval is at 1 - alpha / (m - j + 1)

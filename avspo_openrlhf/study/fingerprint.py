@@ -167,7 +167,7 @@ def prompts_fingerprint(model: str, template: str, *paths: str) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _prompts_hash(model: str, stamp: tuple, template: str, files: tuple) -> str:
-    from avspo_openrlhf.study.loop import read_rows  # the loop's own reading (a cycle, so imported here)
+    from avspo_openrlhf.study.task import read_rows
 
     tok = load_tokenizer(model)
     texts = chat_prompts(tok, [r["problem"] for path, _ in files for r in read_rows(path)], template)
@@ -196,6 +196,7 @@ _CODE = (
     "study/objective.py",
     "study/hf_engine.py",
     "study/loop.py",
+    "study/task.py",
     "study/controls.py",
     "study/engine.py",
     "study/stacked.py",

@@ -39,6 +39,7 @@ from avspo_openrlhf.study.fingerprint import settings_difference, settings_hash
 from avspo_openrlhf.study.remedies_gpu_cli import StudyCommand
 from avspo_openrlhf.study.remedies_gpu_report import (
     StudyReport,
+    acted,
     greedy_view,
     level_of,
     paired_t,
@@ -432,6 +433,7 @@ class GPURemediesStudy(StudyReport, StudyCommand):
                     lv: paired_t(results, arm, self.base, lambda k, lv=lv: level_of(k) == lv) for lv in self.levels
                 },
                 "poi_vs_" + self.base: probability_of_improvement(x, y) if arm != self.base else None,
+                "acted_vs_" + self.base: acted(results, arm, self.base) if arm != self.base else None,
                 "steps": [r["steps"] for r in ok],
                 "generated_tokens": [r["generated_tokens"] for r in ok],
                 "update_tokens": [r["update_tokens"] for r in ok if "update_tokens" in r],
@@ -462,11 +464,29 @@ class GPURemediesStudy(StudyReport, StudyCommand):
             for a in self.primary
         }
         complete = not any(missing_seeds.values())
+        fewest = compare.fewest_seeds(len(self.family))
+        acted_by = {a: summary.get(a, {}).get("acted_vs_" + self.base) for a in self.family}
+
+        def words(a: str, r: dict) -> str:
+            if not complete:
+                return "no verdict yet"
+            n = self.seeds.get(a, 0)
+            if acted_by.get(a) is False:  # before the seeds: a remedy that never acted says nothing at any n
+                return self.verdict_words("never_acted")
+            if n < fewest:  # the plan's, fixed before the runs: not what they gave
+                return (
+                    f"no verdict: too few seeds ({n}; the exact sign-flip p of {n} seeds is at least "
+                    f"{2.0 ** (1 - n):.3g}, and Holm over {len(self.family)} needs it below "
+                    f"{compare.ALPHA / len(self.family):.3g}: plan at least {fewest})"
+                )
+            return self.verdict_words(r["verdict"])
+
         return {
             "complete": complete,
             "missing": {a: len(m) for a, m in missing_seeds.items()},
             "missing_seeds": missing_seeds,
+            "fewest_seeds": fewest,
             "holm": {a: r["holm"] for a, r in res.items()},
             "rule": res,
-            "verdicts": {a: self.verdict_words(r["verdict"]) if complete else "no verdict yet" for a, r in res.items()},
+            "verdicts": {a: words(a, r) for a, r in res.items()},
         }

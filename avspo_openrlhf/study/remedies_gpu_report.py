@@ -18,7 +18,9 @@ from avspo_openrlhf.study.compare import (
     FAIL_ATTEMPTS,
     detectable_effect,
     equivalence_chance,
+    fewest_seeds,
     power_at,
+    seeds_for_effect,
 )
 from avspo_openrlhf.study.store import check_pairable
 
@@ -59,6 +61,28 @@ def greedy_view(results: list[dict]) -> list[dict]:
         for r in results
         if r.get("per_problem_greedy")
     ]
+
+
+def acted(results: list[dict], method: str, base: str) -> bool | None:
+    """Whether ``method`` changed any run against ``base``: on some seed both ran, some step's
+    generated tokens, reward, effective ACR or groups with a signal differ (common random numbers make
+    a remedy that never acts, a gate that never opened, reproduce the base step for step). None without
+    a seed of both."""
+    a = {r["seed"]: r for r in results if r["method"] == method and not compare.failed(r)}
+    b = {r["seed"]: r for r in results if r["method"] == base and not compare.failed(r)}
+    keys = ("tokens", "reward", "acr_effective", "groups_signal")
+
+    def steps(r: dict) -> list[tuple]:
+        return [tuple(c.get(k) for k in keys) for c in r.get("curve", [])]
+
+    seeds = [
+        s for s in set(a) & set(b) if a[s].get("curve") and b[s].get("curve")
+    ]  # a record without its curve: unknown
+    return None if not seeds else any(steps(a[s]) != steps(b[s]) for s in seeds)
+
+
+# a share of truncated completions above which the report warns: the answers are cut, not wrong
+TRUNCATION_WARN = 0.2
 
 
 def wall_time_is_the_arms(r: dict) -> bool:
@@ -102,8 +126,31 @@ class StudyReport:
             "better": f"better than {self.base}",
             "worse": f"worse than {self.base}",
             "equivalent": f"no difference larger than {100 * self.margin:.0f} points",
-            "identical": f"identical to {self.base} (the remedy changed no run)",
+            "never_acted": f"no verdict: the remedy never acted (every seed's run is {self.base}'s, step for step: "
+            "its gate never opened, or its advantages equal the baseline's)",
+            "identical": f"no verdict: every seed's held-out accuracy equals {self.base}'s (the remedy acted; the "
+            "score did not move)",
         }.get(verdict, verdict)
+
+    def plan_lines(self) -> list[str]:
+        """The plan's power in units of the per-seed paired sd, known before any run: what the rule
+        can declare at the planned seeds, and the fewest seeds at which it can declare anything."""
+        m = len(self.family)
+        n = min((self.seeds.get(a, 0) for a in self.family), default=0)
+        d = detectable_effect(1.0, n, m) if n >= fewest_seeds(m) else None
+        fewest = fewest_seeds(m)
+        return [
+            "",
+            f"The plan: {m} comparison{'s' if m > 1 else ''} with {self.base} ({', '.join(self.family)}), {n} seeds "
+            f"each, Holm at family-wise {ALPHA}. The rule can declare a difference only from {fewest} seeds (the "
+            f"exact sign-flip p of n seeds is at least 2 / 2^n){'' if n >= fewest else ': this plan gives no verdict'}; "
+            + (
+                f"at {n} seeds it detects with 80 % power a true difference of {d:.2f} times the per-seed sd of "
+                "the paired differences (the table below puts the measured sd in points)."
+                if d is not None
+                else f"at {n} seeds it has no power at all."
+            ),
+        ]
 
     def power_lines(self, summary: dict) -> list[str]:
         """What the rule can tell at the planned seeds: from the planning sd, and from each primary
@@ -114,10 +161,11 @@ class StudyReport:
 
         def row(label: str, seeds: str, sd: float, n: int, halfwidth: str) -> str:
             mde, p3, p5 = detectable_effect(sd, n, m), power_at(0.03, sd, n, m), power_at(0.05, sd, n, m)
+            need = seeds_for_effect(sd, 0.05, m, floor=fewest_seeds(m))
             return (
                 f"| {label} | {seeds} | {100 * sd:.1f} | {halfwidth} | {n} | "
                 f"{'-' if mde is None else f'{100 * mde:.1f}'} | {'-' if p3 is None else f'{100 * p3:.0f} %'} | "
-                f"{'-' if p5 is None else f'{100 * p5:.0f} %'} |"
+                f"{'-' if p5 is None else f'{100 * p5:.0f} %'} | {'> 1000' if need is None else need} |"
             )
 
         n_plan = max((self.seeds.get(a, 0) for a in self.family), default=0)
@@ -136,11 +184,12 @@ class StudyReport:
             f"seeds, the minimum detectable effect (80 % power) and the power to detect a true difference of 3 and "
             f"of 5 points, for the rule as coded: one real effect in a Holm family of {m} is tested at "
             f"{ALPHA} / {m} (two-sided paired t; the rule's exact sign-flip p agrees within a few points, "
-            "tests/test_study_design.py simulates it):",
+            "tests/test_study_design.py simulates it); and the seeds at which it detects 5 points with 80 % power "
+            f"(at least {fewest_seeds(m)}, the fewest at which it can give a verdict): what to plan next",
             "",
             "| comparison | seeds now | sd | 95 % half-width now | seeds planned | detectable effect | power at 3 | "
-            "power at 5 |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+            "power at 5 | seeds for 5 at 80 % |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
             *rows,
         ]
 
@@ -207,6 +256,18 @@ class StudyReport:
                 + ". Every number below is provisional.",
                 "",
             ]
+        cut = {
+            arm: statistics.mean(a["truncation_rate"])
+            for arm, a in summary.items()
+            if a["truncation_rate"] and statistics.mean(a["truncation_rate"]) > TRUNCATION_WARN
+        }
+        if cut:
+            lines += [
+                f"**Warning: completions cut at the answer-length limit** ({', '.join(f'{a} {100 * v:.0f} %' for a, v in cut.items())} "
+                f"of them reached {results[0]['settings']['settings']['max_new_tokens']} new tokens): a cut answer scores "
+                "as wrong, so these runs measure the length limit too; raise it (--max-new-tokens) unless that is the task.",
+                "",
+            ]
         others = ", ".join(
             f"{a} {max(0, n - summary.get(a, {}).get('seeds', 0))} of {n}"
             for a, n in self.seeds.items()
@@ -266,19 +327,20 @@ class StudyReport:
                     f"| {arm} | {tables.mean_sd(a['heldout_greedy_pass1'], 100)} | {tables.fmt_t(a['greedy_vs_' + b])} | "
                     f"{tables.fmt_t(a['near_duplicates_out_vs_' + b]) if exclude else 'none flagged'} |"
                 )
+        second = self.second_base if self.second_base != b else None
         lines += [
             "",
-            f"Exploratory (no adjustment, no verdict): the other arms against {b}, and every arm against "
-            f"{self.second_base}:",
+            f"Exploratory (no adjustment, no verdict): the other arms against {b}"
+            + (f", and every arm against {second}:" if second else ":"),
             "",
-            f"| arm | seeds (planned) | held-out pass@1 (%) | vs {b} (points) | vs {self.second_base} (points) |",
+            f"| arm | seeds (planned) | held-out pass@1 (%) | vs {b} (points) | vs {second or '-'} (points) |",
             "| --- | --- | --- | --- | --- |",
         ]
         for arm, a in summary.items():
             lines.append(
                 f"| {arm} | {a['seeds']} ({a['seeds_planned']}) | {tables.mean_sd(a['heldout_pass1'], 100)} | "
                 f"{tables.fmt_t(a['vs_' + b]) if arm not in self.primary else 'above'} | "
-                f"{tables.fmt_t(a['vs_' + self.second_base])} |"
+                f"{tables.fmt_t(a['vs_' + self.second_base]) if second else '-'} |"
             )
         for x, y, why in self.contrasts:
             if x in summary and y in summary:
@@ -317,6 +379,7 @@ class StudyReport:
             "(seeds)):",
             label="arm",
         )
+        lines += self.plan_lines()
         lines += self.power_lines(summary)
         lines += [
             "",

@@ -103,6 +103,36 @@ class Deadline:
         return None
 
 
+def exit_words(rc: int | None) -> str:
+    """A run process's exit code in words: a SIGKILL nobody asked for is, on a machine short of memory,
+    the kernel's out-of-memory killer (the console would otherwise say only ``exit -9``)."""
+    if rc in (-9, 137):
+        return (
+            f"exit {rc}: killed by SIGKILL, most often the kernel's out-of-memory killer (fewer runs at once, "
+            "--k, or a smaller --micro-batch; `dmesg` names it)"
+        )
+    if rc is not None and rc < 0:
+        return f"exit {rc}: killed by signal {-rc}"
+    return f"exit {rc}"
+
+
+class Progress:
+    """Runs done of a call's total, and the time left at the pace so far (runs finish ``k`` at a time,
+    so the estimate is the mean wall time per finished run times those left): one console line per
+    finished run."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.t0 = total, 0, time.monotonic()
+
+    def line(self) -> str:
+        self.done += 1
+        left = self.total - self.done
+        if not left:
+            return f"{self.done}/{self.total} runs ended"
+        eta = (time.monotonic() - self.t0) / self.done * left
+        return f"{self.done}/{self.total} runs ended, about {eta / 60:.1f} min left"
+
+
 def note_crash(job: Job, rc: int | None, log_file: Path, launched: float) -> None:
     """A run that ended without a result and without recording an error of its own (the process of its
     batch crashed, or was killed: out of memory, a signal): ``crashed.json`` in its folder, so the
@@ -151,6 +181,7 @@ def run_jobs(
     pending = [j for j in jobs if not j.done()]
     running: dict[str, tuple[Job, subprocess.Popen, float, float]] = {}
     failed: list[str] = []
+    progress = Progress(len(pending))
     with _Stop(lambda: [r[1] for r in running.values()]) as stop:
         total = len(pending)
         while (pending and not stop.stopping) or running:
@@ -172,9 +203,9 @@ def run_jobs(
                     failed.append(name)
                     if not stop.stopping:
                         note_crash(job, rc, job.run_dir / "log.txt", launched)
-                    log(f"[study] {name} failed (exit {rc}): see {job.run_dir / 'log.txt'}")
+                    log(f"[study] {name} failed ({exit_words(rc)}): see {job.run_dir / 'log.txt'}; {progress.line()}")
                 else:
-                    log(f"[study] {name} done")
+                    log(f"[study] {name} done; {progress.line()}")
                 if on_done is not None:
                     on_done(job, rc)
             time.sleep(poll_s)
@@ -213,6 +244,7 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline: Deadline
     pending = [j for j in jobs if not j.done()]
     failed: list[str] = []
     live: list[subprocess.Popen] = []
+    progress = Progress(len(pending))
     with _Stop(lambda: live) as stop:
         while pending and not stop.stopping:
             why = deadline.why_not()
@@ -232,9 +264,12 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline: Deadline
                         note_crash(job, live[0].returncode, batch[0].run_dir / "batch.log", launched)
                     # a run's own failure is in its log.txt; the process's (a crash outside any run) in batch.log
                     logs = [p for p in (job.run_dir / "log.txt", batch[0].run_dir / "batch.log") if p.is_file()]
-                    log(f"[study] {job.name} failed (exit {live[0].returncode}): see {' and '.join(map(str, logs))}")
+                    log(
+                        f"[study] {job.name} failed ({exit_words(live[0].returncode)}): see "
+                        f"{' and '.join(map(str, logs))}; {progress.line()}"
+                    )
                 else:
-                    log(f"[study] {job.name} done")
+                    log(f"[study] {job.name} done; {progress.line()}")
                 if on_done is not None:
                     on_done(job, live[0].returncode if not job.done() else 0)
             deadline.ended(time.monotonic() - t0)  # publishing its runs included: the next batch waits for it too

@@ -33,6 +33,7 @@ from avspo_openrlhf.study.fingerprint import (
     tokenizer_fingerprint,
     versions,
 )
+from avspo_openrlhf.study.task import reward_source
 from avspo_openrlhf.trainer.plugins import load_plugins
 
 # what an arm trains on: the task's verifier; a fair coin per completion (the noise floor: with ratio 1
@@ -230,7 +231,7 @@ class RunSpec:
         s = dataclasses.asdict(self.settings)
         for name in PERFORMANCE_ONLY:  # they change how fast, not what is computed
             s.pop(name)
-        return {
+        record = {
             "settings": s,
             "semantics": LOOP_SEMANTICS,
             "model": model_fingerprint(self.model),
@@ -242,6 +243,10 @@ class RunSpec:
             "versions": versions(),
             "device_kind": device_kind(device_name(device_and_dtype(self.settings)[0])),
         }
+        source = reward_source(self.settings.reward)
+        if source is not None:  # a user's reward, by its source: an edited function under one name never pairs
+            record["reward_source"] = source
+        return record
 
 
 # What a run computes, bumped by hand whenever the loop's meaning changes (a fix of the loop or of a remedy,
