@@ -18,7 +18,10 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
 
 # what an arm name means beyond the registered estimators: the filtering remedies and the controls
 SPECIAL_ARMS = {
@@ -30,6 +33,21 @@ SPECIAL_ARMS = {
 }
 ARCHITECTURES = ("llama", "qwen2")  # what both engines run (stacked.py builds these two)
 ARITH_LEVELS = ("add1", "mul1", "add2", "multi")
+
+
+@dataclass(frozen=True)
+class UserStudy(GPURemediesStudy):
+    """The GPU study's machinery on the user's task: its prepared files instead of the built-in arithmetic."""
+
+    data_files: tuple[str, str] | None = None  # (training pool, held-out set); None: the built-in arithmetic
+
+    def make_data(self, out: Path) -> tuple[str, str, str]:
+        if self.data_files is None:
+            return super().make_data(out)
+        return (*self.data_files, self.data_files[1])  # no learning-rate check here: its validation set is unused
+
+    def near_duplicates(self, heldout_hash):  # the swapped-operand rule is the built-in arithmetic's
+        return super().near_duplicates(heldout_hash) if self.data_files is None else frozenset()
 
 
 class PlanError(ValueError):
@@ -189,8 +207,9 @@ def memory_per_run(model: str, s, engine: str) -> tuple[float, float]:
     return need / 2**30, free / 2**30
 
 
-def build(args) -> tuple:
-    """The study (a :class:`GPURemediesStudy` of the user's plan), its settings and its task, or PlanError."""
+def build(args, out: Path) -> tuple:
+    """The study (a :class:`GPURemediesStudy` of the user's plan, its task's files prepared in
+    ``out/data``) and its settings, or PlanError/TaskError."""
     from avspo_openrlhf.study.compare import fewest_seeds
     from avspo_openrlhf.study.spec import StudySettings
     from avspo_openrlhf.study.task import Task, normalize_reward
@@ -233,7 +252,7 @@ def build(args) -> tuple:
         )
     except ValueError as e:  # StudySettings names its field; the flag is its name with dashes
         raise PlanError(str(e)) from None
-    task = None
+    files, levels = None, ARITH_LEVELS
     if args.task != "arith":
         task = Task(
             train=args.task,
@@ -242,11 +261,13 @@ def build(args) -> tuple:
             prompt_field=args.prompt_field,
             answer_field=args.answer_field,
             level_field=args.level_field,
-            reward=args.reward,  # as the user wrote it: the messages name it so
+            reward=args.reward,
             reward_range=tuple(args.reward_range),
         )
-    study = _user_study_class()(
-        levels=ARITH_LEVELS,
+        train, heldout, levels = task.prepare(out / "data", args.heldout_size)
+        files = (train, heldout)
+    study = UserStudy(
+        levels=levels,
         train_prompts=64,
         heldout_per_level=max(1, args.heldout_size // len(ARITH_LEVELS)),
         settings=settings,
@@ -256,41 +277,9 @@ def build(args) -> tuple:
         base=base,
         second_base=base,
         plugins=tuple(args.plugin),
-        task=task,
-        heldout_size=args.heldout_size,
+        data_files=files,
     )
     return study, settings
-
-
-def _user_study_class():
-    from dataclasses import dataclass
-
-    from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
-    from avspo_openrlhf.study.task import Task
-
-    @dataclass(frozen=True)
-    class UserStudy(GPURemediesStudy):
-        """The GPU study's machinery on the user's task: its data instead of the built-in arithmetic."""
-
-        task: Task | None = None
-        heldout_size: int = 200
-
-        def make_data(self, out: Path) -> tuple[str, str, str]:
-            if self.task is None:
-                return super().make_data(out)
-            from avspo_openrlhf.data.io import write_jsonl
-            from avspo_openrlhf.study.task import read_rows
-
-            train, heldout, levels = self.task.prepare(out)
-            rows = read_rows(heldout)[: self.heldout_size]
-            write_jsonl(rows, heldout)
-            object.__setattr__(self, "levels", levels)
-            return train, heldout, heldout  # no learning-rate check here: its validation set is unused
-
-        def near_duplicates(self, heldout_hash):
-            return super().near_duplicates(heldout_hash) if self.task is None else frozenset()
-
-    return UserStudy
 
 
 def check_task(study, settings, args, data: tuple[str, str, str]) -> list[str]:
@@ -300,7 +289,7 @@ def check_task(study, settings, args, data: tuple[str, str, str]) -> list[str]:
 
     train, heldout = read_rows(data[0]), read_rows(data[1])
     levels = sorted({r.get("level", "") for r in heldout})
-    task = study.task or Task(train=data[0], reward=settings.reward, reward_range=tuple(args.reward_range))
+    task = Task(train=data[0], reward=args.reward, reward_range=tuple(args.reward_range))
     return [
         f"rows: {len(train)} training problems, {len(heldout)} held-out ({len(levels)} levels: {', '.join(levels)})",
         task.check_reward(train),
@@ -320,7 +309,7 @@ def check_model(settings, args, model: str) -> list[str]:
         )
     steps = -(-settings.token_budget // (settings.prompts_per_step * settings.group_size * settings.max_new_tokens))
     return [
-        f"model: {arch}; memory: about {need:.1f} GiB a run (an upper estimate), {free:.1f} GiB free: {fits} at once "
+        f"model: {arch}; memory: about {need:.2f} GiB a run (an upper estimate), {free:.1f} GiB free: {fits} at once "
         f"fit (--k {args.k})",
         f"time: each run takes at least {steps} steps (every completion at --max-new-tokens; shorter ones take "
         "more); the console gives an ETA from the first finished run",
@@ -360,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     try:
-        study, settings = build(args)
+        out, published = Path(args.out), Path(args.publish) if args.publish else None
+        study, settings = build(args, out)
         model = args.model
         if model not in ("smollm2", "tiny") and not Path(model, "config.json").is_file():
             raise PlanError(f"--model: {model} is not smollm2, tiny or a local HF folder with a config.json")
@@ -386,10 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             dry_run=args.dry_run,
             report_only=args.report_only,
         )
-        out, published = Path(args.out), Path(args.publish) if args.publish else None
         i, n = (int(x) for x in args.shard.split("/"))
         if args.report_only:
-            study.make_data(out / "data")  # the task's levels
             print(study._rebuild(run_args, out, published), flush=True)
             return 0
         data = study.make_data(out / "data")

@@ -159,10 +159,10 @@ class Task:
             raise TaskError(f"{path}: no problems")
         return rows
 
-    def prepare(self, out: Path) -> tuple[str, str, tuple[str, ...]]:
+    def prepare(self, out: Path, heldout_max: int | None = None) -> tuple[str, str, tuple[str, ...]]:
         """The training pool and the held-out set in the loop's rows (``out/train.jsonl``,
-        ``out/heldout.jsonl``), and the levels; a held-out problem that is also a training problem is
-        refused (given files) or never drawn (a split)."""
+        ``out/heldout.jsonl``, its first ``heldout_max`` problems), and the held-out levels; a held-out
+        problem that is also a training problem is refused (given files) or never drawn (a split)."""
         train = self.read(self.train)
         if self.heldout is not None:
             heldout = self.read(self.heldout)
@@ -181,6 +181,7 @@ class Task:
                 )
             heldout = [r for r in train if r["problem"] in held]
             train = [r for r in train if r["problem"] not in held]
+        heldout = heldout[:heldout_max]
         levels = tuple(dict.fromkeys(r["level"] for r in heldout))
         count: dict[str, int] = {}
         for r in heldout:  # the id carries the level: the report's per-level tables read it
