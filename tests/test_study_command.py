@@ -102,6 +102,7 @@ def test_the_dry_run_says_what_it_checked_and_the_plan_it_would_run(task, capsys
     assert rc == 0, err
     assert "[study] rows: 24 training problems, 6 held-out (2 levels: a, b)" in out
     assert "model: qwen2; memory: about " in out and "GiB free" in out
+    assert re.search(r"time: a probe step of grpo took [\d.]+ s for [\d,]+ generated tokens .* about \d+ steps", out)
     assert "4 runs to start (shard 0/1, 0 finished): grpo seed 0, avspo seed 0, grpo seed 1, avspo seed 1" in out
     rows = [json.loads(x) for x in Path("runs/x/data/heldout.jsonl").read_text().splitlines()]
     train = {json.loads(x)["problem"] for x in Path("runs/x/data/train.jsonl").read_text().splitlines()}
@@ -202,3 +203,13 @@ def test_a_remedy_acted_when_some_step_of_some_seed_differs():
     assert acted(same, "B", "A") is False
     assert acted([*same, run("A", 1, [(10, 0.0)]), run("B", 1, [(10, 0.5)])], "B", "A") is True
     assert acted(same, "B", "C") is None
+
+
+def test_a_sigkill_is_named_as_the_likely_out_of_memory_kill_and_progress_counts_down():
+    from avspo_openrlhf.study.scheduler import Progress, exit_words
+
+    assert "out-of-memory killer" in exit_words(-9) and "out-of-memory killer" in exit_words(137)
+    assert exit_words(1) == "exit 1" and exit_words(-15) == "exit -15: killed by signal 15"
+    p = Progress(5)
+    assert re.fullmatch(r"1/5 runs ended, about [\d.]+ min left", p.line())
+    assert p.line(4) == "5/5 runs ended"  # a stacked batch's runs end together: counted at once

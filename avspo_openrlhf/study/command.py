@@ -297,7 +297,7 @@ def check_task(study, settings, args, data: tuple[str, str, str]) -> list[str]:
 
 
 def check_model(settings, args, model: str) -> list[str]:
-    """The model's architecture, and memory for ``--k`` runs on this device; the least number of steps."""
+    """The model's architecture, and memory for ``--k`` runs on this device."""
     arch = json.loads(Path(model, "config.json").read_text(encoding="utf-8")).get("model_type")
     if arch not in ARCHITECTURES:
         raise PlanError(f"--model {args.model}: a {arch!r} model; the study's engines run {', '.join(ARCHITECTURES)}")
@@ -307,13 +307,47 @@ def check_model(settings, args, model: str) -> list[str]:
         raise PlanError(
             f"--k {args.k}: {args.k} runs need about {args.k * need:.1f} GiB, {free:.1f} GiB are free: use --k {max(1, fits)}"
         )
-    steps = -(-settings.token_budget // (settings.prompts_per_step * settings.group_size * settings.max_new_tokens))
     return [
-        f"model: {arch}; memory: about {need:.2f} GiB a run (an upper estimate), {free:.1f} GiB free: {fits} at once "
-        f"fit (--k {args.k})",
-        f"time: each run takes at least {steps} steps (every completion at --max-new-tokens; shorter ones take "
-        "more); the console gives an ETA from the first finished run",
+        f"model: {arch}; memory: about {need:.2f} GiB a run (an upper estimate), {free:.1f} GiB free: {fits} at "
+        f"once fit (--k {args.k})"
     ]
+
+
+def probe(study, settings, model: str, data: tuple[str, str, str], runs: int, k: int) -> str:
+    """One training step of the base arm, timed, in a scratch folder (its weights loaded, a batch
+    generated, scored and trained on): the time a run and the plan take, estimated from it. The
+    estimate assumes every step generates as many tokens as this first one (completions usually
+    shorten as a model learns the format: more steps) and leaves out the held-out evaluation."""
+    import shutil
+    import tempfile
+    import time
+    from dataclasses import replace
+
+    from avspo_openrlhf.study.loop import Run
+
+    quick = replace(settings, token_budget=1, final_eval=False, mid_eval_tokens=0, ckpt_every=0, engine="process")
+    spec = study.spec(study.base, 0, model, data, quick)
+    tmp = Path(tempfile.mkdtemp(prefix="avspo-study-probe-"))
+    try:
+        t0 = time.perf_counter()
+        run = Run(spec, tmp)
+        loaded = time.perf_counter()
+        row = run.step()
+        step_s = time.perf_counter() - loaded
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    steps = -(-settings.token_budget // max(1, row["tokens"]))
+    one = loaded - t0 + steps * step_s
+
+    def dur(sec: float) -> str:
+        return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} min"
+
+    return (
+        f"time: a probe step of {study.base} took {step_s:.1f} s for {row['tokens']:,} generated tokens (the model "
+        f"loaded in {loaded - t0:.1f} s): about {steps} steps and {dur(one)} a run, {runs} runs {dur(runs * one)} "
+        f"one after another (--k {k} at once divides that by at most {k}: on a CPU they share its cores), plus each "
+        "run's start and evaluation; the console gives the time left as runs end"
+    )
 
 
 def same_settings(study, settings, model: str, data: tuple[str, str, str], out: Path) -> str:
@@ -390,6 +424,9 @@ def main(argv: list[str] | None = None) -> int:
         found.append(same_settings(study, settings, model, data, out))
         for line in found:
             print(f"[study] {line}", flush=True)
+        if args.dry_run:
+            print(f"[study] timing one training step of {study.base} ...", flush=True)
+            print(f"[study] {probe(study, settings, model, data, len(study.arms) * study.seeds[study.base], args.k)}")
         run_args.model = model
         return study._run(run_args, p, out, published, settings, (i, n))
     except (PlanError, TaskError, StudyError) as e:

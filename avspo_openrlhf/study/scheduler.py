@@ -124,8 +124,8 @@ class Progress:
     def __init__(self, total: int):
         self.total, self.done, self.t0 = total, 0, time.monotonic()
 
-    def line(self) -> str:
-        self.done += 1
+    def line(self, n: int = 1) -> str:
+        self.done += n
         left = self.total - self.done
         if not left:
             return f"{self.done}/{self.total} runs ended"
@@ -265,14 +265,14 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline: Deadline
                     # a run's own failure is in its log.txt; the process's (a crash outside any run) in batch.log
                     logs = [p for p in (job.run_dir / "log.txt", batch[0].run_dir / "batch.log") if p.is_file()]
                     log(
-                        f"[study] {job.name} failed ({exit_words(live[0].returncode)}): see "
-                        f"{' and '.join(map(str, logs))}; {progress.line()}"
+                        f"[study] {job.name} failed ({exit_words(live[0].returncode)}): see {' and '.join(map(str, logs))}"
                     )
                 else:
-                    log(f"[study] {job.name} done; {progress.line()}")
+                    log(f"[study] {job.name} done")
                 if on_done is not None:
                     on_done(job, live[0].returncode if not job.done() else 0)
             deadline.ended(time.monotonic() - t0)  # publishing its runs included: the next batch waits for it too
+            log(f"[study] batch ended: {progress.line(len(batch))}")  # its runs end together: one line, one pace
     return failed
 
 
