@@ -213,3 +213,17 @@ def test_a_sigkill_is_named_as_the_likely_out_of_memory_kill_and_progress_counts
     p = Progress(5)
     assert re.fullmatch(r"1/5 runs ended, about [\d.]+ min left", p.line())
     assert p.line(4) == "5/5 runs ended"  # a stacked batch's runs end together: counted at once
+
+
+def test_a_failed_runs_own_error_reaches_the_console(tmp_path):
+    import time
+
+    from avspo_openrlhf.study.loop import note_failure
+    from avspo_openrlhf.study.scheduler import Job, failure_reason
+
+    job = Job(spec=None, run_dir=tmp_path)
+    launched = time.time() - 1
+    assert "out-of-memory" in failure_reason(job, -9, launched)  # nothing of its own: the process's exit
+    note_failure(tmp_path, "Traceback ...\nValueError: --reward my.py:f returned nan")
+    assert failure_reason(job, 1, launched) == "ValueError: --reward my.py:f returned nan"
+    assert "out-of-memory" in failure_reason(job, -9, time.time() + 5)  # an error of an earlier launch: not this one

@@ -133,6 +133,15 @@ class Progress:
         return f"{self.done}/{self.total} runs ended, about {eta / 60:.1f} min left"
 
 
+def failure_reason(job: Job, rc: int | None, launched: float) -> str:
+    """Why a run stopped, in a few words for the console: its own error's last line where it recorded
+    one in this launch (``failure.json``), else its process's exit (:func:`exit_words`)."""
+    own = job.run_dir / "failure.json"
+    if own.exists() and own.stat().st_mtime >= launched:
+        return json.loads(own.read_text(encoding="utf-8"))["error"]
+    return exit_words(rc)
+
+
 def note_crash(job: Job, rc: int | None, log_file: Path, launched: float) -> None:
     """A run that ended without a result and without recording an error of its own (the process of its
     batch crashed, or was killed: out of memory, a signal): ``crashed.json`` in its folder, so the
@@ -203,7 +212,8 @@ def run_jobs(
                     failed.append(name)
                     if not stop.stopping:
                         note_crash(job, rc, job.run_dir / "log.txt", launched)
-                    log(f"[study] {name} failed ({exit_words(rc)}): see {job.run_dir / 'log.txt'}; {progress.line()}")
+                    why = failure_reason(job, rc, launched)
+                    log(f"[study] {name} failed ({why}): see {job.run_dir / 'log.txt'}; {progress.line()}")
                 else:
                     log(f"[study] {name} done; {progress.line()}")
                 if on_done is not None:
@@ -264,9 +274,8 @@ def _run_batches(jobs, k, threads, env, on_done, log, poll_s, deadline: Deadline
                         note_crash(job, live[0].returncode, batch[0].run_dir / "batch.log", launched)
                     # a run's own failure is in its log.txt; the process's (a crash outside any run) in batch.log
                     logs = [p for p in (job.run_dir / "log.txt", batch[0].run_dir / "batch.log") if p.is_file()]
-                    log(
-                        f"[study] {job.name} failed ({exit_words(live[0].returncode)}): see {' and '.join(map(str, logs))}"
-                    )
+                    why = failure_reason(job, live[0].returncode, launched)
+                    log(f"[study] {job.name} failed ({why}): see {' and '.join(map(str, logs))}")
                 else:
                     log(f"[study] {job.name} done")
                 if on_done is not None:
