@@ -137,8 +137,8 @@ class StudyReport:
         can declare at the planned seeds, and the fewest seeds at which it can declare anything."""
         m = len(self.family)
         n = min((self.seeds.get(a, 0) for a in self.family), default=0)
-        d = detectable_effect(1.0, n, m) if n >= fewest_seeds(m) else None
         fewest = fewest_seeds(m)
+        d = detectable_effect(1.0, n, m) if n >= fewest else None
         return [
             "",
             f"The plan: {m} comparison{'s' if m > 1 else ''} with {self.base} ({', '.join(self.family)}), {n} seeds "
