@@ -147,8 +147,7 @@ class GPURemediesStudy(StudyReport, StudyCommand):
             ("validation", interleave(validation, "validation")),
         ):
             path = out / f"{name}.jsonl"
-            write_jsonl(rows, str(path) + ".tmp")
-            Path(str(path) + ".tmp").replace(path)  # a study beside a --report-only reads whole files
+            write_jsonl(rows, str(path))  # atomic: a study beside a --report-only reads whole files
             paths.append(str(path))
         return paths[0], paths[1], paths[2]
 
