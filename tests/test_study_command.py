@@ -66,6 +66,8 @@ def study(argv: list[str], capsys) -> tuple[int, str, str]:
         ({"--answer-field": ["answer"]}, "problems.jsonl:1: the row has no 'answer' (--answer-field)"),
         ({"--task": ["missing.jsonl"]}, "--task: no such file: missing.jsonl"),
         ({"--k": ["100000"]}, "--k 100000: 100000 runs need about "),
+        ({"--k": ["0"]}, "--k: at least 1 run at once, got 0"),
+        ({"--shard": ["3/2"]}, "--shard: I/N with 0 <= I < N, got '3/2'"),
     ],
 )
 def test_each_mistake_fails_in_one_line_before_anything_trains(task, capsys, change, said):

@@ -90,11 +90,22 @@ def parse_arm(item: str):
         raise PlanError(f"--arms {item}: {e}") from None
 
 
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """--help keeps the description's lines and names every default a flag has."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in h or not action.option_strings:
+            return h
+        return h + " (default: %(default)s)"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="avspo-study",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Which remedy for your model and task? "
+        + __doc__.split("\n\n")[0].split("? ", 1)[1].replace("``", ""),
+        formatter_class=Formatter,
         epilog="Every run's step lines are in <out>/<arm>_seed<k>/log.txt (metrics.jsonl, TensorBoard beside).",
         allow_abbrev=False,
     )
@@ -115,7 +126,9 @@ def parser() -> argparse.ArgumentParser:
         help="seeds per arm, 0..N-1, paired across arms (default: the fewest at which the rule can give a "
         "verdict for this many comparisons; fewer give no verdict, said so)",
     )
-    g.add_argument("--plugin", action="append", default=[], help="a module or .py file that registers a remedy")
+    g.add_argument(
+        "--plugin", action="append", default=[], help="a module or .py file that registers a remedy (repeatable)"
+    )
     t = p.add_argument_group("the task")
     t.add_argument(
         "--task",
@@ -410,7 +423,14 @@ def main(argv: list[str] | None = None) -> int:
             dry_run=args.dry_run,
             report_only=args.report_only,
         )
-        i, n = (int(x) for x in args.shard.split("/"))
+        try:
+            i, n = (int(x) for x in args.shard.split("/"))
+            if not 0 <= i < n:
+                raise ValueError
+        except ValueError:
+            raise PlanError(f"--shard: I/N with 0 <= I < N, got {args.shard!r}") from None
+        if args.k < 1:
+            raise PlanError(f"--k: at least 1 run at once, got {args.k}")
         if args.report_only:
             print(study._rebuild(run_args, out, published), flush=True)
             return 0
