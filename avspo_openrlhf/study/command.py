@@ -214,9 +214,8 @@ def memory_per_run(model: str, s, engine: str) -> tuple[float, float]:
     if torch.cuda.is_available():
         free = torch.cuda.mem_get_info()[0]
     else:
-        free = next(
-            (int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemAvailable")), 0
-        )
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        free = next((int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable")), 0)
     return need / 2**30, free / 2**30
 
 
@@ -263,7 +262,7 @@ def build(args, out: Path) -> tuple:
             engine=args.engine,
             ckpt_every=10,
         )
-    except ValueError as e:  # StudySettings names its field; the flag is its name with dashes
+    except ValueError as e:  # StudySettings names its field (token_budget: --budget)
         raise PlanError(str(e)) from None
     files, levels = None, ARITH_LEVELS
     if args.task != "arith":
@@ -295,7 +294,7 @@ def build(args, out: Path) -> tuple:
     return study, settings
 
 
-def check_task(study, settings, args, data: tuple[str, str, str]) -> list[str]:
+def check_task(args, data: tuple[str, str, str]) -> list[str]:
     """The rows and the reward, checked before the model is touched (seconds): PlanError/TaskError on the first
     that fails, what was found otherwise."""
     from avspo_openrlhf.study.task import Task, read_rows
@@ -396,33 +395,6 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     try:
-        out, published = Path(args.out), Path(args.publish) if args.publish else None
-        study, settings = build(args, out)
-        model = args.model
-        if model not in ("smollm2", "tiny") and not Path(model, "config.json").is_file():
-            raise PlanError(f"--model: {model} is not smollm2, tiny or a local HF folder with a config.json")
-        run_args = argparse.Namespace(
-            out=args.out,
-            publish=args.publish,
-            arms=list(study.arms),
-            seeds=None,
-            pilot=False,
-            lr_check=False,
-            k=args.k,
-            engine=args.engine,
-            threads=args.threads,
-            start_runs_for=None,
-            finish_by=None,
-            batch_minutes=None,
-            export=None,
-            shard=args.shard,
-            model=model,
-            train=None,
-            heldout=None,
-            throughput=None,
-            dry_run=args.dry_run,
-            report_only=args.report_only,
-        )
         try:
             i, n = (int(x) for x in args.shard.split("/"))
             if not 0 <= i < n:
@@ -431,11 +403,23 @@ def main(argv: list[str] | None = None) -> int:
             raise PlanError(f"--shard: I/N with 0 <= I < N, got {args.shard!r}") from None
         if args.k < 1:
             raise PlanError(f"--k: at least 1 run at once, got {args.k}")
+        out, published = Path(args.out), Path(args.publish) if args.publish else None
+        study, settings = build(args, out)
+        model = args.model
+        if model not in ("smollm2", "tiny") and not Path(model, "config.json").is_file():
+            raise PlanError(f"--model: {model} is not smollm2, tiny or a local HF folder with a config.json")
+        # the GPU study's own flags for its run loop, its defaults included (the user's plan is the study's)
+        run_args = study.parser().parse_args(
+            ["--out", args.out, "--k", str(args.k), "--engine", args.engine, "--shard", args.shard]
+            + (["--publish", args.publish] if args.publish else [])
+            + (["--threads", str(args.threads)] if args.threads else [])
+            + (["--dry-run"] if args.dry_run else [])
+        )
         if args.report_only:
             print(study._rebuild(run_args, out, published), flush=True)
             return 0
         data = study.make_data(out / "data")
-        found = check_task(study, settings, args, data)
+        found = check_task(args, data)
         if model in ("smollm2", "tiny"):
             from avspo_openrlhf.cpu.models import prepare
 

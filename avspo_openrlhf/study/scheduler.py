@@ -192,7 +192,6 @@ def run_jobs(
     failed: list[str] = []
     progress = Progress(len(pending))
     with _Stop(lambda: [r[1] for r in running.values()]) as stop:
-        total = len(pending)
         while (pending and not stop.stopping) or running:
             why = deadline.why_not() if pending and len(running) < k else None
             if why:
@@ -201,7 +200,9 @@ def run_jobs(
             while pending and len(running) < k and not stop.stopping:
                 job = pending.pop(0)
                 running[job.name] = (job, _start(job, threads, env or {}, k), time.monotonic(), time.time())
-                log(f"[study] started {job.name} ({total - len(pending)}/{total}, {len(running)} running)")
+                log(
+                    f"[study] started {job.name} ({progress.total - len(pending)}/{progress.total}, {len(running)} running)"
+                )
             for name, (job, proc, t0, launched) in list(running.items()):
                 rc = proc.poll()
                 if rc is None:

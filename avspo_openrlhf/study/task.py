@@ -2,8 +2,8 @@
 and the reward that scores a completion, in one place. The built-in arithmetic task is
 ``GPURemediesStudy.make_data``'s; a user's task is a jsonl with a prompt field, an answer field and
 an optional level field (:class:`Task`), written into the rows the study loop reads
-(``problem``, ``answer``, ``level``, ``unique_id`` = ``<split>/<level>/<k>``: one rule for a
-problem's level, its id, which the report's per-level tables read).
+(``problem``, ``answer``, ``level``, ``unique_id`` = ``<split>/<level>/<k>``: the loop weighs levels
+by the ``level`` field, the report's paired tables by the id, so both carry the same level).
 
 Reward names, one space with ``avspo-train``'s ``--reward.remote_url avspo:NAME``: ``arith`` (the last
 integer, ``rewards.arith_reward``), ``math`` (math-verify), the same with the ``avspo:`` prefix, or a
@@ -142,15 +142,14 @@ class Task:
 
     def read(self, path: str) -> list[dict]:
         """The user's rows as ``{problem, answer, level}``; a row without a field names file, line and field."""
+        fields = {"prompt": self.prompt_field, "answer": self.answer_field, "level": self.level_field}
         rows = []
         for i, row in iter_raw(path):
             if isinstance(row, Exception):
                 raise TaskError(f"{path}:{i}: {row}")
-            for f in (self.prompt_field, self.answer_field, self.level_field):
+            for flag, f in fields.items():
                 if f is not None and (not isinstance(row, dict) or row.get(f) in (None, "")):
-                    raise TaskError(
-                        f"{path}:{i}: the row has no {f!r} (--{'prompt' if f == self.prompt_field else 'answer' if f == self.answer_field else 'level'}-field)"
-                    )
+                    raise TaskError(f"{path}:{i}: the row has no {f!r} (--{flag}-field)")
             level = str(row[self.level_field]) if self.level_field else "all"
             if "/" in level:
                 raise TaskError(f"{path}:{i}: a level may not hold '/', got {level!r}")
@@ -198,8 +197,13 @@ class Task:
         """The reward on the first ``n`` problems, each scored on its own answer and on an empty completion:
         it imports, it returns numbers inside its range; what it gave, in words."""
         name, (lo, hi) = normalize_reward(self.reward), self.reward_range
-        one = _user_function(name) if name not in BUILTIN_REWARDS else None
-        score = reward_function(name)
+        if name in BUILTIN_REWARDS:
+            score = reward_function(name)
+
+            def one(t: str, g: str) -> float:
+                return score([t], [g])[0]
+        else:
+            one = _user_function(name)  # its raw value: reward_function's float() would hide a wrong type
         rows = rows[:n]
         golds = [r["answer"] for r in rows]
         tried = {"right": [f"The answer is {g}." for g in golds], "empty": [""] * len(rows)}
@@ -207,7 +211,7 @@ class Task:
         for what, texts in tried.items():
             for t, g in zip(texts, golds):
                 try:
-                    v = one(t, g) if one is not None else score([t], [g])[0]
+                    v = one(t, g)
                 except Exception as e:  # noqa: BLE001  the user's function: its own error, named
                     raise TaskError(f"--reward {self.reward}: raised {type(e).__name__}: {e}") from None
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and lo <= v <= hi):
