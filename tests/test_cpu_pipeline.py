@@ -2,6 +2,7 @@
 OpenRLHF's samples generator and reward path, our experience maker, DeepSpeed ZeRO-2 on gloo,
 weight sync), sync and async, kill and resume, a hanging reward inside the run."""
 
+import contextlib
 import json
 import math
 import os
@@ -49,9 +50,9 @@ def _flags(assets, out: Path, *extra):
 ENV = {**os.environ, "AVSPO_REWARD_TIMEOUT": "2", "AVSPO_REWARD_WORKERS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def _train(flags, timeout=480):
+def _train(flags, timeout=480, env=None):
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or ENV)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     return r.stdout + r.stderr
 
@@ -202,34 +203,40 @@ def _replay_threshold(rows, tau_init=0.2):
         assert th.tau == pytest.approx(r["tau_adapt"])
 
 
-def test_sigterm_at_the_last_step_tells_the_truth(assets, tmp_path):
-    """SIGTERM (docker stop, systemd, plain kill) is Ctrl-C: the run either checkpoints and exits
-    130, or, when the request came after the last step's check, finishes with its final model and
-    exits 0; never "stopped after a checkpoint" with neither written."""
-    flags = _flags(assets, tmp_path, "--run.max_steps", "2", "--ckpt.save_steps", "100")
+def train_with_sigterm_at_the_last_step(flags, out: Path, steps: int) -> str:
+    """SIGTERM (docker stop, systemd, plain kill) is Ctrl-C: sent to the driver alone, as `kill PID`
+    does, once the last step's metrics are written. The run either checkpoints and exits 130, or, when
+    the request came after the last step's check, finishes with its final model and exits 0; never
+    "stopped after a checkpoint" with neither written. ``flags`` save no checkpoint of their own
+    before the last step (``--ckpt.save_steps 100``): the one found is the stop's. Returns the output.
+    (Run on test_remedies.py's NGRPO run, so that it costs no start of its own.)"""
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-    metrics = tmp_path / "report" / "metrics.jsonl"
+    metrics = out / "report" / "metrics.jsonl"
     deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None and len(read_metrics(str(metrics))[0]) < 2:
+    while time.time() < deadline and proc.poll() is None and len(read_metrics(str(metrics))[0]) < steps:
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before the signal"
-    proc.send_signal(signal.SIGTERM)  # to the driver alone, as `kill PID` does
-    out, _ = proc.communicate(timeout=300)
-    assert "SIGTERM: saving a checkpoint after the current step" in out, out[-3000:]
-    if proc.returncode == 130:  # the trainer saw it at step 2: a checkpoint of that step, no final model
-        assert "stopped after a checkpoint" in out
-        assert (tmp_path / "ckpt" / "_actor" / "global_step2" / "AVSPO_COMPLETE").exists()
+    proc.send_signal(signal.SIGTERM)
+    text, _ = proc.communicate(timeout=300)
+    assert "SIGTERM: saving a checkpoint after the current step" in text, text[-3000:]
+    if proc.returncode == 130:  # the trainer saw it at the last step: a checkpoint of that step, no final model
+        assert "stopped after a checkpoint" in text
+        assert (out / "ckpt" / "_actor" / f"global_step{steps}" / "AVSPO_COMPLETE").exists()
     else:
-        assert proc.returncode == 0, out[-3000:]
-        assert "the run finished and saved its final model" in out
-        assert model_is_complete(str(tmp_path / "final"))
-        assert not (tmp_path / "ckpt" / "STOP").exists()  # would stop the next run at its first step
+        assert proc.returncode == 0, text[-3000:]
+        assert "the run finished and saved its final model" in text
+        assert model_is_complete(str(out / "final"))
+        assert not (out / "ckpt" / "STOP").exists()  # would stop the next run at its first step
+    return text
 
 
-def test_the_cpu_backend_joins_the_ray_cluster_in_ray_address(assets, tmp_path):
-    """A launcher's Ray cluster (here `ray start --head` with token auth, as avspo.sbatch starts
-    it): the CPU backend joins it instead of failing with a raw Ray traceback."""
+@contextlib.contextmanager
+def joined_ray_cluster():
+    """A launcher's Ray cluster (`ray start --head` with token auth, as avspo.sbatch starts it), for
+    the duration: yields the environment a run joins it with (``RAY_ADDRESS``). A run there joins it
+    instead of failing with a raw Ray traceback (test_remedies.py's RL-ZVP run checks it, at no start
+    of its own)."""
     import secrets
     import socket
 
@@ -244,19 +251,7 @@ def test_the_cpu_backend_joins_the_ray_cluster_in_ray_address(assets, tmp_path):
     r = subprocess.run(start, capture_output=True, text=True, env=env, timeout=180)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     try:
-        flags = _flags(assets, tmp_path, "--run.max_steps", "2")
-        out = subprocess.run(
-            [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags],
-            capture_output=True,
-            text=True,
-            timeout=480,
-            env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"},
-        )
-        log = out.stdout + out.stderr
-        assert out.returncode == 0, log[-4000:]
-        assert f"joined the Ray cluster at 127.0.0.1:{port}" in log
-        assert [r["step"] for r in read_metrics(str(tmp_path / "report" / "metrics.jsonl"))[0]] == [1, 2]
-        assert model_is_complete(str(tmp_path / "final"))
+        yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
     finally:
         _stop_cluster(port)
 

@@ -368,13 +368,17 @@ def _remedy_flags(pipeline, assets, out, *extra):
 
 @pytest.mark.slow
 def test_ngrpo_and_rl_zvp_train_through_avspo_train(cpu_run, tmp_path_factory):
+    """Each remedy's own metrics through a whole avspo-train run. The two runs carry two pipeline
+    checks that need a run and no flag of their own (test_cpu_pipeline.py's helpers): NGRPO's is
+    stopped by SIGTERM at its last step and tells the truth about it; RL-ZVP's joins a launcher's
+    Ray cluster (RAY_ADDRESS) and finishes there."""
+    from avspo_openrlhf.cpu.models import model_is_complete
     from avspo_openrlhf.report import read_metrics
 
     assets = _assets(tmp_path_factory)
     out = tmp_path_factory.mktemp("ngrpo")
-    cpu_run._train(
-        _remedy_flags(cpu_run, assets, out, "--remedy", "ngrpo", "--actor.eps_clip_low_high", "0.16", "0.24")
-    )
+    flags = _remedy_flags(cpu_run, assets, out, "--remedy", "ngrpo", "--actor.eps_clip_low_high", "0.16", "0.24")
+    cpu_run.train_with_sigterm_at_the_last_step([*flags, "--ckpt.save_steps", "100"], out, 8)
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
     assert len(rows) == 8 and all(r["gate_open"] == 1.0 and r["num_virtual_k"] == 1.0 for r in rows)
     # only all-right groups stay collapsed under NGRPO
@@ -383,9 +387,13 @@ def test_ngrpo_and_rl_zvp_train_through_avspo_train(cpu_run, tmp_path_factory):
     assert all(r["tokens/generated"] > 0 for r in rows)
 
     out = tmp_path_factory.mktemp("rl_zvp")
-    cpu_run._train(_remedy_flags(cpu_run, assets, out, "--remedy", "rl_zvp"))
+    with cpu_run.joined_ray_cluster() as env:
+        log = cpu_run._train(_remedy_flags(cpu_run, assets, out, "--remedy", "rl_zvp"), env=env)
+    assert f"joined the Ray cluster at {env['RAY_ADDRESS']}" in log
+    assert model_is_complete(str(out / "final"))
     rows, _ = read_metrics(str(out / "report" / "metrics.jsonl"))
-    assert len(rows) == 8 and all(r["acr_effective"] == 0.0 for r in rows)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert all(r["acr_effective"] == 0.0 for r in rows)
     n_samples = 16  # 4 prompts x G=4 per step
     for r in rows:  # token advantages reached exactly the zero-variance groups' responses
         assert r["rl_zvp/zero_variance_samples"] == pytest.approx(r["acr_shaped"] * n_samples)
