@@ -1,9 +1,11 @@
 """Where ``avspo-train --backend cpu``'s start-up goes: one short run of the tiny random model (the
 test suite's shape: 8 prompts, G = 4, 12 new tokens, 2 steps, fp32), in a fresh process, and its
 ``startup.json`` (``avspo_openrlhf/startup.py``) as a table: the driver's phases in order, what the
-other processes did beside them. ``--repeats N`` runs it N times and reports each phase's median.
+other processes did beside them. ``--repeats N`` runs it N times and reports each phase's median;
+``--async`` starts the async mode instead (its generator and training actors, queue and lock).
 
     python benchmarks/bench_startup.py                       # writes benchmarks/results/startup_tiny.md
+    python benchmarks/bench_startup.py --async               # writes benchmarks/results/startup_tiny_async.md
     python benchmarks/bench_startup.py --repeats 3 --out /tmp/startup.md
 """
 
@@ -25,7 +27,7 @@ from avspo_openrlhf.cpu import tiny  # noqa: E402
 from avspo_openrlhf.cpu.dtype import cpu_kind  # noqa: E402
 
 
-def one_run(assets: dict, out: Path) -> dict:
+def one_run(assets: dict, out: Path, async_mode: bool = False) -> dict:
     flags = [
         "--backend", "cpu", "--actor.model_name_or_path", assets["model"], "--data.prompt_dataset", assets["data"],
         "--data.input_key", "prompt", "--data.label_key", "answer", "--data.apply_chat_template",
@@ -35,6 +37,7 @@ def one_run(assets: dict, out: Path) -> dict:
         "--rollout.max_new_tokens", "12", "--data.max_len", "96", "--algo.kl.init_coef", "0", "--remedy", "avspo",
         "--data.max_samples", "8", "--cpu.dtype", "fp32", "--report.dir", str(out),
         "--ckpt.path", str(out / "ckpt"), "--ckpt.output_dir", str(out / "final"),
+        *(["--train.async_enable"] if async_mode else []),
     ]  # fmt: skip
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "offline", "AVSPO_VERBOSE": "1"}
     r = subprocess.run(
@@ -48,14 +51,14 @@ def one_run(assets: dict, out: Path) -> dict:
     return state
 
 
-def table(states: list[dict]) -> str:
+def table(states: list[dict], async_mode: bool = False) -> str:
     med = statistics.median
     phases: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for s in states:
         for span in s["spans"]:
             phases.setdefault((span["phase"], span["where"]), []).append((span["start_s"], span["end_s"]))
     lines = [
-        f"`python benchmarks/bench_startup.py` ({len(states)} run{'s' if len(states) > 1 else ''}, medians). "
+        f"`python benchmarks/bench_startup.py{' --async' if async_mode else ''}` ({len(states)} run{'s' if len(states) > 1 else ''}, medians). "
         f"CPU: {cpu_kind()}; the tiny random model, fp32. Seconds from the process's start.",
         "",
         "| phase | process | from | to | seconds |",
@@ -74,17 +77,17 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--repeats", type=int, default=1, help="runs, one after another (each phase's median is reported)")
-    p.add_argument(
-        "--out", default=str(ROOT / "benchmarks" / "results" / "startup_tiny.md"), help="the table (Markdown)"
-    )
+    p.add_argument("--async", dest="async_mode", action="store_true", help="the async mode's start-up")
+    p.add_argument("--out", help="the table (Markdown); default benchmarks/results/startup_tiny[_async].md")
     args = p.parse_args(argv)
+    out = args.out or str(ROOT / "benchmarks" / "results" / f"startup_tiny{'_async' if args.async_mode else ''}.md")
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     with tempfile.TemporaryDirectory() as tmp:
         assets = tiny.tiny_assets(os.path.join(tmp, "assets"), 32)
-        states = [one_run(assets, Path(tmp) / f"run{i}") for i in range(args.repeats)]
-    text = table(states)
-    Path(args.out).write_text(text, encoding="utf-8")
+        states = [one_run(assets, Path(tmp) / f"run{i}", args.async_mode) for i in range(args.repeats)]
+    text = table(states, args.async_mode)
+    Path(out).write_text(text, encoding="utf-8")
     print(text)
 
 

@@ -162,6 +162,14 @@ def test_no_patching_outside_install_module():
 # Upstream method bodies we mirror in our own code (copied and changed, not called): the AST hash of
 # each in OpenRLHF 0.11.2. When OpenRLHF changes one, this names it and the copy to re-check.
 MIRRORED = [
+    *(
+        ("trainer/ppo_trainer_async.py", "VLLMLock", fn, digest, "avspo_openrlhf/trainer/async_actors.py: VLLMLock")
+        for fn, digest in (
+            ("__init__", "5aa8db9a269b148d"),
+            ("acquire", "e3087dd8ee271119"),
+            ("release", "b6dc1f7579358afe"),
+        )
+    ),
     (
         "trainer/ppo_trainer_async.py",
         "PPOTrainerAsync",

@@ -330,7 +330,7 @@ def train_cpu(args, on_ray_started=None) -> None:
 
     from avspo_openrlhf.cpu.strategy import cpu_strategy
     from avspo_openrlhf.startup import TIMELINE
-    from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, RemedyPPOTrainerAsync
+    from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, _PPOTrainerAsync
 
     TIMELINE.mark("the trainer's imports (OpenRLHF's trainers, DeepSpeed)")
     engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
@@ -357,25 +357,30 @@ def train_cpu(args, on_ray_started=None) -> None:
     ref = None
     if args.algo.kl.init_coef > 0:
         ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
-    trainer_cls = RemedyPPOTrainerAsync if args.train.async_enable else RemedyPPOTrainer
-    trainer = trainer_cls.remote(
-        model,
-        strategy,
-        actor,
-        None,
-        None,
-        ref,
-        engines,
+    trainer_args = (model, strategy, actor, None, None, ref, engines)
+    generate_kwargs = dict(
         do_sample=True,
         max_len=args.data.max_len,
         max_new_tokens=args.rollout.max_new_tokens,
         temperature=args.rollout.temperature,
         top_p=args.rollout.top_p,
     )
+    if args.train.async_enable:
+        # OpenRLHF's async trainer only builds and drives its generator and training actors (ray.get
+        # on them): built here, in this process, it costs no process of its own (~14 s of imports)
+        # (a copy of the strategy: its __init__ writes -1 steps as inf into the args it is given, which in
+        # an actor of its own were a copy too; the driver's args stay as parsed)
+        import copy
+
+        trainer = _PPOTrainerAsync(model, copy.deepcopy(strategy), *trainer_args[2:], **generate_kwargs)
+        steps_ref, where = trainer.generator_actor.get_max_steps.remote(), "generator actor"
+    else:
+        trainer = RemedyPPOTrainer.remote(*trainer_args, **generate_kwargs)
+        steps_ref, where = trainer.get_max_steps.remote(), "trainer actor"
     TIMELINE.mark("actors launched")
     for i, engine in enumerate(engines):
         TIMELINE.watch("vLLM engine (process, imports, model, engine)", engine.get_dtype.remote(), f"engine {i}")
-    TIMELINE.watch("trainer actor (process, imports, dataset)", trainer.get_max_steps.remote(), "trainer")
+    TIMELINE.watch(f"{where} (process, imports, dataset)", steps_ref, where.split()[0])
     # every actor process is starting (imports, the engine, the trainer's dataset); meanwhile, here:
     from avspo_openrlhf.cpu.ops import build, is_built, ops_for
 
@@ -403,15 +408,18 @@ def train_cpu(args, on_ray_started=None) -> None:
         TIMELINE.watch("reference (model, DeepSpeed init)", refs[-1], "reference actor")
     ray.get(refs)
     TIMELINE.mark("waiting for the policy (and reference)")
-    if (trainer_steps := ray.get(trainer.get_max_steps.remote())) != max_steps:
+    if (trainer_steps := ray.get(steps_ref)) != max_steps:
         raise RuntimeError(f"the trainer counts {trainer_steps} steps, the scheduler was built for {max_steps}")
-    TIMELINE.mark("waiting for the trainer actor")
+    TIMELINE.mark(f"waiting for the {where}")
     ray.get(actor.async_run_method("set_cpu_engines", engines))
     _report_precision(args, engines, actor, ref)
     TIMELINE.mark("engines attached (waits for the vLLM engine)")
     TIMELINE.write(args.report.dir)
     print(f"[avspo] {TIMELINE.summary()} (timeline: startup.json; the first step begins now)", flush=True)
-    ray.get(trainer.fit.remote())
+    if args.train.async_enable:
+        trainer.fit()
+    else:
+        ray.get(trainer.fit.remote())
     from avspo_openrlhf.trainer.stop_file import trainer_stopped
 
     # a run the trainer stopped (it checkpointed) resumes instead; one that ran to its end saves the

@@ -5,7 +5,8 @@ Ray forbids subclassing a ``@ray.remote`` class, so each class here subclasses t
 ``__ray_actor_class__`` and is wrapped again. The async trainer builds its actors itself
 (:class:`_PPOTrainerAsync`): OpenRLHF's queue, slots and vLLM lock, plus our
 :class:`AsyncCoordinator` actor (policy version, re-queued prompts, stop flag) passed to the
-generator and the training actor.
+generator and the training actor; the lock and the coordinator live in ``async_actors.py``, whose
+processes import nothing of the training stack.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ray.util.queue import Queue
 
 from avspo_openrlhf.redaction import check_wandb_key_in_env
 
+from .async_actors import AsyncCoordinator, VLLMLock
 from .experience_maker import RemedyExperienceMaker
 from .remedy_state import STATE_KEY, RemedyStateMixin
 from .run_settings import settings
@@ -231,38 +233,6 @@ RemedyPPOTrainer = ray.remote(_PPOTrainer)
 # ── async ──
 
 
-class AsyncCoordinator:
-    """What the async generator and trainer share besides OpenRLHF's queue and lock: the policy
-    version the engines hold (published by the trainer while it holds the vLLM lock, read by the
-    generator while it holds it), prompts sent back for re-generation (staleness bound), and the
-    stop flag (alarms, ``--run.max_steps``, Ctrl-C). A Ray actor of its own, named
-    ``avspo-coordinator-<id>``."""
-
-    def __init__(self):
-        self.version = 0
-        self.requeued: list = []
-        self.stop = False
-
-    async def set_version(self, version: int) -> None:
-        self.version = int(version)
-
-    async def get_version(self) -> int:
-        return self.version
-
-    async def requeue(self, batches: list) -> None:
-        self.requeued.extend(batches)
-
-    async def take_requeued(self) -> list:
-        out, self.requeued = self.requeued, []
-        return out
-
-    async def request_stop(self) -> None:
-        self.stop = True
-
-    async def should_stop(self) -> bool:
-        return self.stop
-
-
 class _TimedQueue:
     """Wraps the trainer's rollout queue; the time blocked in ``get`` is the trainer's idle time."""
 
@@ -383,7 +353,8 @@ class _PPOTrainerAsync(_async.PPOTrainerAsync.__ray_actor_class__):
         self.rollout_slots = Queue(maxsize=queue_size)  # slot tokens: at most queue_size batches ahead
         for _ in range(queue_size):
             self.rollout_slots.put(0, block=True)
-        vllm_lock = _async.VLLMLock.remote()  # generation and weight sync never overlap
+        # generation and weight sync never overlap (OpenRLHF's lock, from a module its process imports in ~1 s)
+        vllm_lock = ray.remote(num_cpus=0)(VLLMLock).remote()
         coordinator = (
             ray.remote(num_cpus=0)(AsyncCoordinator).options(name=f"avspo-coordinator-{uuid.uuid4().hex[:8]}").remote()
         )
