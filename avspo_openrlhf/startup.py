@@ -2,7 +2,7 @@
 training step go (issue: a first step in under 30 s).
 
 The driver's phases follow one another (:meth:`StartupTimeline.mark`: each ends where the next begins);
-what runs in other processes meanwhile (the vLLM engine, the policy's DeepSpeed init, the trainer actor)
+what runs in other processes meanwhile (the vLLM engine, the policy's DeepSpeed init, async mode's generator)
 is a span of its own from its launch to its readiness (:meth:`StartupTimeline.watch`), so overlap shows.
 ``avspo-train`` prints it as one line and writes ``<report.dir>/startup.json`` when training begins;
 the first step's own start is ``timeline/gen_start`` of step 1 in ``metrics.jsonl`` (same clock, wall time).

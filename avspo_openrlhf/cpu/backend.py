@@ -325,12 +325,26 @@ def count_max_steps(strategy) -> int:
 def train_cpu(args, on_ray_started=None) -> None:
     """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags); ``args``
     as ``avspo-train`` completed and validated them (:func:`complete_cpu_args`, :func:`validate_cpu_args`).
-    ``on_ray_started`` runs right after Ray is up (the driver takes its SIGTERM handler back from Ray there)."""
+    ``on_ray_started`` runs right after Ray is up (the driver takes its SIGTERM handler back from Ray there).
+
+    OpenRLHF's trainer (sync or async) is built and run in this process rather than an actor of its
+    own: it drives the step through Ray calls on the other actors, and in a process of its own it
+    imported the whole stack again (~14 s of CPU beside the other actors' on 2 cores)."""
+    import contextlib
+
+    with contextlib.ExitStack() as shims:
+        _train_cpu(args, on_ray_started, shims)
+
+
+def _train_cpu(args, on_ray_started, shims) -> None:
+    import copy
+
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
+    from avspo_openrlhf.cpu import cuda_shims
     from avspo_openrlhf.cpu.strategy import cpu_strategy
     from avspo_openrlhf.startup import TIMELINE
-    from avspo_openrlhf.trainer.trainers import RemedyPPOTrainer, _PPOTrainerAsync
+    from avspo_openrlhf.trainer.trainers import _PPOTrainer, _PPOTrainerAsync
 
     TIMELINE.mark("the trainer's imports (OpenRLHF's trainers, DeepSpeed)")
     engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
@@ -357,7 +371,9 @@ def train_cpu(args, on_ray_started=None) -> None:
     ref = None
     if args.algo.kl.init_coef > 0:
         ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
-    trainer_args = (model, strategy, actor, None, None, ref, engines)
+    # the trainer gets a copy of the strategy, as an actor of its own did: its __init__ writes -1 steps as
+    # inf into the args it is given, and the driver's args stay as parsed
+    trainer_args = (model, copy.deepcopy(strategy), actor, None, None, ref, engines)
     generate_kwargs = dict(
         do_sample=True,
         max_len=args.data.max_len,
@@ -366,21 +382,13 @@ def train_cpu(args, on_ray_started=None) -> None:
         top_p=args.rollout.top_p,
     )
     if args.train.async_enable:
-        # OpenRLHF's async trainer only builds and drives its generator and training actors (ray.get
-        # on them): built here, in this process, it costs no process of its own (~14 s of imports)
-        # (a copy of the strategy: its __init__ writes -1 steps as inf into the args it is given, which in
-        # an actor of its own were a copy too; the driver's args stay as parsed)
-        import copy
-
-        trainer = _PPOTrainerAsync(model, copy.deepcopy(strategy), *trainer_args[2:], **generate_kwargs)
-        steps_ref, where = trainer.generator_actor.get_max_steps.remote(), "generator actor"
-    else:
-        trainer = RemedyPPOTrainer.remote(*trainer_args, **generate_kwargs)
-        steps_ref, where = trainer.get_max_steps.remote(), "trainer actor"
+        # OpenRLHF's async trainer only builds and drives its generator and training actors (ray.get on them)
+        trainer = _PPOTrainerAsync(*trainer_args, **generate_kwargs)
+        steps_ref = trainer.generator_actor.get_max_steps.remote()
+        TIMELINE.watch("generator actor (process, imports, dataset)", steps_ref, "generator")
     TIMELINE.mark("actors launched")
     for i, engine in enumerate(engines):
         TIMELINE.watch("vLLM engine (process, imports, model, engine)", engine.get_dtype.remote(), f"engine {i}")
-    TIMELINE.watch(f"{where} (process, imports, dataset)", steps_ref, where.split()[0])
     # every actor process is starting (imports, the engine, the trainer's dataset); meanwhile, here:
     from avspo_openrlhf.cpu.ops import build, is_built, ops_for
 
@@ -406,20 +414,27 @@ def train_cpu(args, on_ray_started=None) -> None:
     if ref is not None:
         refs += ref.async_init_model_from_pretrained(strategy, model)
         TIMELINE.watch("reference (model, DeepSpeed init)", refs[-1], "reference actor")
+    if not args.train.async_enable:
+        # OpenRLHF's sync trainer drives each step through Ray calls to the engines and the policy (its own
+        # compute: the rewards' advantages), built while the policy loads; the CUDA-call replacements
+        # every actor process has (cpu/worker.py) hold here while it builds and trains
+        shims.enter_context(cuda_shims.in_place())
+        trainer = _PPOTrainer(*trainer_args, **generate_kwargs)
+        TIMELINE.mark("the trainer (tokenizer, dataset, samples generator), in this process")
     ray.get(refs)
     TIMELINE.mark("waiting for the policy (and reference)")
-    if (trainer_steps := ray.get(steps_ref)) != max_steps:
+    trainer_steps = ray.get(steps_ref) if args.train.async_enable else trainer.get_max_steps()
+    if trainer_steps != max_steps:
         raise RuntimeError(f"the trainer counts {trainer_steps} steps, the scheduler was built for {max_steps}")
-    TIMELINE.mark(f"waiting for the {where}")
+    if args.train.async_enable:
+        TIMELINE.mark("waiting for the generator actor")
     ray.get(actor.async_run_method("set_cpu_engines", engines))
     _report_precision(args, engines, actor, ref)
     TIMELINE.mark("engines attached (waits for the vLLM engine)")
     TIMELINE.write(args.report.dir)
     print(f"[avspo] {TIMELINE.summary()} (timeline: startup.json; the first step begins now)", flush=True)
-    if args.train.async_enable:
-        trainer.fit()
-    else:
-        ray.get(trainer.fit.remote())
+    trainer.fit()
+    shims.close()
     from avspo_openrlhf.trainer.stop_file import trainer_stopped
 
     # a run the trainer stopped (it checkpointed) resumes instead; one that ran to its end saves the

@@ -7,13 +7,15 @@ OpenRLHF 0.11.2 assumes a GPU in four places on the training path: the device me
 and ``convert_to_torch_dtype`` must accept ``fp32`` (``--cpu.dtype``: CPUs without native bf16).
 :func:`cpu_replacements` lists exactly those (:func:`replacements_by_module`, by the module that holds
 each); ``worker.py`` applies each set in a CPU Ray worker when that module is imported,
-``avspo_openrlhf/install.py`` in CPU tests. Nothing here runs on a GPU machine.
+:func:`in_place` in the CPU driver while it runs OpenRLHF's trainer, ``avspo_openrlhf/install.py`` in
+CPU tests. Nothing here runs on a GPU machine.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from types import ModuleType
 
 from avspo_openrlhf.swap import Swap
@@ -39,6 +41,16 @@ def replacements_by_module() -> dict[str, Callable[[ModuleType], list[tuple[obje
 def cpu_replacements() -> list[tuple[object, str, object]]:
     """``(object, attribute, replacement)`` for each CUDA-only call (imports every module that holds one)."""
     return [r for name, build in replacements_by_module().items() for r in build(importlib.import_module(name))]
+
+
+@contextmanager
+def in_place() -> Iterator[None]:
+    """Every replacement applied for a ``with`` block and restored after it: the CPU driver, which
+    builds and runs OpenRLHF's trainer in its own process (``backend.py: train_cpu``)."""
+    with ExitStack() as stack:
+        for obj, name, value in cpu_replacements():
+            stack.enter_context(Swap(obj, name, value))
+        yield
 
 
 def _torch_calls(torch) -> list[tuple[object, str, object]]:
