@@ -14,7 +14,7 @@ async trainers, checkpoints. Added here, and only here:
 - ``worker.install_cpu_worker``: every Ray worker gets the stand-ins for GPU-only modules and the CUDA-call
   shims (``cuda_shims.py``).
 - :func:`train_cpu`: the CPU counterpart of ``openrlhf.cli.train_ppo_ray.train`` (no GPUs, no
-  placement groups, logical CPUs so that the trainer, generator and model actors all fit).
+  placement groups, logical CPUs so that the generator and model actors all fit; OpenRLHF's trainer runs in the driver).
 """
 
 from __future__ import annotations
