@@ -332,16 +332,19 @@ def train_cpu(args, on_ray_started=None) -> None:
     imported the whole stack again (~14 s of CPU beside the other actors' on 2 cores)."""
     import contextlib
 
-    with contextlib.ExitStack() as shims:
-        _train_cpu(args, on_ray_started, shims)
+    from avspo_openrlhf.cpu import cuda_shims
+
+    # the sync trainer's own compute reaches OpenRLHF's CUDA-only calls: the replacements every actor
+    # process has (cpu/worker.py) hold in this process too while it runs (the async one only drives actors)
+    with contextlib.nullcontext() if args.train.async_enable else cuda_shims.in_place():
+        _train_cpu(args, on_ray_started)
 
 
-def _train_cpu(args, on_ray_started, shims) -> None:
+def _train_cpu(args, on_ray_started) -> None:
     import copy
 
     from openrlhf.trainer.ray.launcher import RayActorGroup
 
-    from avspo_openrlhf.cpu import cuda_shims
     from avspo_openrlhf.cpu.strategy import cpu_strategy
     from avspo_openrlhf.startup import TIMELINE
     from avspo_openrlhf.trainer.trainers import _PPOTrainer, _PPOTrainerAsync
@@ -384,8 +387,9 @@ def _train_cpu(args, on_ray_started, shims) -> None:
     if args.train.async_enable:
         # OpenRLHF's async trainer only builds and drives its generator and training actors (ray.get on them)
         trainer = _PPOTrainerAsync(*trainer_args, **generate_kwargs)
-        steps_ref = trainer.generator_actor.get_max_steps.remote()
-        TIMELINE.watch("generator actor (process, imports, dataset)", steps_ref, "generator")
+        TIMELINE.watch(
+            "generator actor (process, imports, dataset)", trainer.generator_actor.get_max_steps.remote(), "generator"
+        )
     TIMELINE.mark("actors launched")
     for i, engine in enumerate(engines):
         TIMELINE.watch("vLLM engine (process, imports, model, engine)", engine.get_dtype.remote(), f"engine {i}")
@@ -416,15 +420,12 @@ def _train_cpu(args, on_ray_started, shims) -> None:
         TIMELINE.watch("reference (model, DeepSpeed init)", refs[-1], "reference actor")
     if not args.train.async_enable:
         # OpenRLHF's sync trainer drives each step through Ray calls to the engines and the policy (its own
-        # compute: the rewards' advantages), built while the policy loads; the CUDA-call replacements
-        # every actor process has (cpu/worker.py) hold here while it builds and trains
-        shims.enter_context(cuda_shims.in_place())
+        # compute: the rewards' advantages): built here while the policy loads
         trainer = _PPOTrainer(*trainer_args, **generate_kwargs)
         TIMELINE.mark("the trainer (tokenizer, dataset, samples generator), in this process")
     ray.get(refs)
     TIMELINE.mark("waiting for the policy (and reference)")
-    trainer_steps = ray.get(steps_ref) if args.train.async_enable else trainer.get_max_steps()
-    if trainer_steps != max_steps:
+    if (trainer_steps := trainer.get_max_steps()) != max_steps:  # async: the generator actor's count
         raise RuntimeError(f"the trainer counts {trainer_steps} steps, the scheduler was built for {max_steps}")
     if args.train.async_enable:
         TIMELINE.mark("waiting for the generator actor")
@@ -434,7 +435,6 @@ def _train_cpu(args, on_ray_started, shims) -> None:
     TIMELINE.write(args.report.dir)
     print(f"[avspo] {TIMELINE.summary()} (timeline: startup.json; the first step begins now)", flush=True)
     trainer.fit()
-    shims.close()
     from avspo_openrlhf.trainer.stop_file import trainer_stopped
 
     # a run the trainer stopped (it checkpointed) resumes instead; one that ran to its end saves the

@@ -1,7 +1,7 @@
 """The CPU backend's rollout engine, in a module of its own: a Ray actor's process imports the module
 that defines its class, and this one holds nothing of the training side (DeepSpeed, OpenRLHF's models),
 so the engine's process imports vLLM's side only (8.8 s instead of 14.6 s of imports on a 2-core AMD
-EPYC, started beside two other actor processes that share its cores)."""
+EPYC without native bf16, started beside two other actor processes that share its cores)."""
 
 from __future__ import annotations
 

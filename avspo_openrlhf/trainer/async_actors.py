@@ -1,7 +1,7 @@
 """The async trainer's two small actors, in a module that imports nothing of the training stack: a Ray
 actor's process imports the module that defines its class, and for these that was the whole stack
 (torch, transformers, vLLM, DeepSpeed, OpenRLHF: ~14 s of CPU each, beside the actors that need it,
-on a 2-core AMD EPYC). Here each process imports asyncio and Ray.
+on a 2-core AMD EPYC without native bf16). Here each process imports asyncio and Ray.
 
 - :class:`VLLMLock`: OpenRLHF 0.11's ``ppo_trainer_async.VLLMLock`` (its two methods, the same
   semantics; ``tests/test_openrlhf_surface.py`` fails when OpenRLHF's methods change);
