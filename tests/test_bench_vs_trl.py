@@ -1,17 +1,19 @@
-"""benchmarks/bench_vs_trl.py's timings and table (``avspo_openrlhf.study.vs_trl``), from step clocks
-(the runs themselves are the benchmark's, not the suite's: minutes each)."""
+"""benchmarks/bench_vs_trl.py's timings and table, from step clocks (the runs themselves are the
+benchmark's, not the suite's: minutes each)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
 
-from avspo_openrlhf.study import vs_trl
-
 ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_vs_trl", ROOT / "benchmarks" / "bench_vs_trl.py")
+vs_trl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vs_trl)
 
 
 def test_step_times_from_each_steps_clock():
@@ -93,8 +95,8 @@ def test_the_committed_table_is_the_committed_jsons():
 
 @pytest.mark.slow
 def test_the_trl_side_runs_in_its_own_process_and_reports_its_step_clocks(tmp_path):
-    """``run_trl`` on the tiny model (2 steps): the worker starts as ``python -m`` of the package
-    module, trains, saves the model and writes one begin/end line per optimizer step."""
+    """``run_trl`` on the tiny model (2 steps): the worker starts as the benchmark's own file with
+    ``--trl-worker``, trains, saves the model and writes one begin/end line per optimizer step."""
     from types import SimpleNamespace
 
     pytest.importorskip("trl")

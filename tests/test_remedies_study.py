@@ -22,6 +22,7 @@ from avspo_openrlhf.study import remedies, remedies_gpu, remedies_gpu_report, st
 from avspo_openrlhf.study.compare import check_results, paired, pooled_compare
 from avspo_openrlhf.study.remedies import RemediesStudy
 from avspo_openrlhf.study.spec import Arm
+from avspo_openrlhf.study.store import level_lookup
 from avspo_openrlhf.study.tables import cpu_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -373,15 +374,17 @@ def test_the_cpu_and_gpu_studies_compare_runs_with_one_function(study):
 
     cpu = runs(lambda k: f"arith/1000/{k}")
     gpu = runs(lambda k: f"heldout/{levels[k % len(levels)]}/{k}")
-    c_cpu, c_gpu = paired(cpu, "AVSPO", "GRPO", study.level), remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO")
+    gpu_level = level_lookup({f"heldout/{levels[k % len(levels)]}/{k}": levels[k % len(levels)] for k in keep_ids})
+    c_cpu, c_gpu = (
+        paired(cpu, "AVSPO", "GRPO", study.level),
+        remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO", gpu_level),
+    )
     assert c_cpu == c_gpu
     # seed 0: add1 +0.5, mul1 0, add2 0, multi (-0.5 - 0.25) / 2: +0.03125 over levels (+0.0714 over problems)
     assert c_cpu["seed_list"] == [0, 1, 2] and c_cpu["diff"] == pytest.approx((0.03125 + 0.25 + 0.25) / 3)
     cpu_row = study.level_compare_table(cpu, ["GRPO", "AVSPO"])[-1]
     gpu_cells = [
-        tables.fmt_t(
-            remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO", lambda k, lv=lv: remedies_gpu_report.level_of(k) == lv)
-        )
+        tables.fmt_t(remedies_gpu_report.paired_t(gpu, "AVSPO", "GRPO", gpu_level, lambda k, lv=lv: gpu_level(k) == lv))
         for lv in levels
     ]
     assert cpu_row == "| AVSPO | " + " | ".join(gpu_cells) + " |"

@@ -105,6 +105,11 @@ def test_the_dry_run_says_what_it_checked_and_the_plan_it_would_run(task, capsys
     assert "[study] rows: 24 training problems, 6 held-out (2 levels: a, b)" in out
     assert "model: qwen2; memory: about " in out and "GiB free" in out
     assert re.search(r"time: a probe step of grpo took [\d.]+ s for [\d,]+ generated tokens .* about \d+ steps", out)
+    # the evaluation is in the estimate: the final one over the 6 held-out problems, sampled and greedy
+    m = re.search(
+        r"a held-out completion ([\d.]+) s \(a batch of 6\): about \d+ steps \(.*?\) and ([\d,]+) evaluated", out
+    )
+    assert m and float(m[1]) > 0 and int(m[2].replace(",", "")) >= 6, out
     assert "4 runs to start (shard 0/1, 0 finished): grpo seed 0, avspo seed 0, grpo seed 1, avspo seed 1" in out
     rows = [json.loads(x) for x in Path("runs/x/data/heldout.jsonl").read_text().splitlines()]
     train = {json.loads(x)["problem"] for x in Path("runs/x/data/train.jsonl").read_text().splitlines()}

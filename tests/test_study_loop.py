@@ -23,9 +23,11 @@ from avspo_openrlhf import stats
 from avspo_openrlhf.study import hf_engine, loop
 from avspo_openrlhf.study.compare import per_seed_diffs, seeds_for_halfwidth
 from avspo_openrlhf.study.remedies_gpu import GPURemediesStudy
-from avspo_openrlhf.study.remedies_gpu_report import level_of, paired_t
+from avspo_openrlhf.study.remedies_gpu_report import paired_t
 from avspo_openrlhf.study.scheduler import Job, run_jobs
 from avspo_openrlhf.study.spec import Arm, RunSpec, StudySettings, check_loop_arm
+from avspo_openrlhf.study.store import StudyError, level_lookup
+from avspo_openrlhf.study.task import levels_by_id
 
 pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]
@@ -346,18 +348,21 @@ def _fake_run(method: str, seed: int, per: dict[str, float], mid=(), settings_ha
 
 
 IDS = [f"heldout/{lv}/{i}" for lv in ("add1", "mul1") for i in range(2)]
+LEVEL = level_lookup({i: i.split("/")[1] for i in IDS})
 
 
 def test_paired_t_and_power_closed_forms():
     base = {i: 0.5 for i in IDS}
     runs = [_fake_run("GRPO", s, base) for s in range(3)]
     runs += [_fake_run("AVSPO", s, {i: 0.5 + d for i in IDS}) for s, d in enumerate([0.0, 0.25, 0.5])]
-    c = paired_t(runs, "AVSPO", "GRPO")
+    c = paired_t(runs, "AVSPO", "GRPO", LEVEL)
     assert c["seeds"] == 3 and c["diff"] == pytest.approx(0.25) and c["sd"] == pytest.approx(0.25)
     half = stats.t_quantile(0.975, 2) * 0.25 / math.sqrt(3)  # t(0.975, 2) = 4.303
     assert c["halfwidth"] == pytest.approx(half) and c["ci95"] == pytest.approx([0.25 - half, 0.25 + half])
     assert c["p_sign_flip"] == pytest.approx(4 / 8)  # d = (0, .25, .5): |sum| = .75 when .25 and .5 share a sign
-    assert paired_t(runs, "GRPO", "GRPO") is None and paired_t(runs[:1] + runs[3:4], "AVSPO", "GRPO") is None
+    assert (
+        paired_t(runs, "GRPO", "GRPO", LEVEL) is None and paired_t(runs[:1] + runs[3:4], "AVSPO", "GRPO", LEVEL) is None
+    )
     # paired sd 5.5 points (the CPU study's): 16 seeds for a half-width of 3 points, 32 for 2 (with the t
     # quantile; the normal's 1.96 would say 29); the study plans for sd 7: 24 seeds
     assert seeds_for_halfwidth(0.055, 0.03) == 16 and seeds_for_halfwidth(0.055, 0.02) == 32
@@ -370,8 +375,14 @@ def test_each_level_weighs_the_same_in_the_paired_difference():
     ids = ["heldout/add1/0", "heldout/mul1/0", "heldout/mul1/1", "heldout/mul1/2"]
     a = [_fake_run("AVSPO", s, {"heldout/add1/0": 1.0, **{i: 0.0 for i in ids[1:]}}) for s in range(2)]
     b = [_fake_run("GRPO", s, {i: 0.0 for i in ids}) for s in range(2)]
-    assert per_seed_diffs(a + b, "AVSPO", "GRPO", level_of) == {0: 0.5, 1: 0.5}  # not 0.25, the mean over problems
-    assert a[0]["heldout_pass1"] == 0.5
+    rows = [{"unique_id": i, "level": i.split("/")[1]} for i in ids]
+    level = level_lookup(levels_by_id(rows))
+    assert per_seed_diffs(a + b, "AVSPO", "GRPO", level) == {0: 0.5, 1: 0.5}  # not 0.25, the mean over problems
+    assert a[0]["heldout_pass1"] == loop.level_mean(a[0]["per_problem"], rows) == 0.5  # the runs' own rule
+    # a run scored on problems the report does not hold is named, not paired under a wrong level
+    other = [_fake_run(m, s, {"other/7": 1.0}) for m in ("AVSPO", "GRPO") for s in range(2)]
+    with pytest.raises(StudyError, match="'other/7'.*another held-out set"):
+        per_seed_diffs(other, "AVSPO", "GRPO", level)
 
 
 def test_sign_flip_p_is_exact_beyond_twenty_pairs():

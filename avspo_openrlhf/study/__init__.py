@@ -1,7 +1,7 @@
 """The studies, each driven by its ``experiments/<study>/run.py`` (which holds its configuration).
 
 Two ways a run trains. The CPU studies (``remedies``, ``collapse``, ``throughput``,
-``quickstart_default``, and ``vs_trl``, a benchmark that is a study: ``benchmarks/bench_vs_trl.py``)
+and ``quickstart_default``; the benchmark against TRL, ``benchmarks/bench_vs_trl.py``, runs the same way)
 run ``avspo-train --backend cpu`` through the quickstart's public train and evaluate functions:
 ``cells`` runs one (method, seed) cell, ``compare`` pairs methods over runs, ``tables`` formats with
 one ± convention, ``acr`` relates early collapse to final accuracy. The GPU remedies study

@@ -326,16 +326,18 @@ def check_model(settings, args, model: str) -> list[str]:
 
 
 def probe(study, settings, model: str, data: tuple[str, str, str], runs: int, k: int) -> str:
-    """One training step of the base arm, timed, in a scratch folder (its weights loaded, a batch
-    generated, scored and trained on): the time a run and the plan take, estimated from it. The
-    estimate assumes every step generates as many tokens as this first one (completions usually
-    shorten as a model learns the format: more steps) and leaves out the held-out evaluation."""
+    """One training step of the base arm and one batch of held-out evaluation, timed, in a scratch
+    folder (its weights loaded, a batch generated, scored and trained on; then held-out problems
+    generated and scored): the time a run and the plan take, estimated from them, evaluation included
+    (the mid-run milestones at n = 2, the final one at ``eval_n``, the greedy one). The estimate
+    assumes every step generates as many tokens as this first one (completions usually shorten as a
+    model learns the format: more steps) and every evaluated completion costs what the batch's did."""
     import shutil
     import tempfile
     import time
     from dataclasses import replace
 
-    from avspo_openrlhf.study.loop import Run
+    from avspo_openrlhf.study.loop import Run, evaluate
 
     quick = replace(settings, token_budget=1, final_eval=False, mid_eval_tokens=0, ckpt_every=0, engine="process")
     spec = study.spec(study.base, 0, model, data, quick)
@@ -346,19 +348,31 @@ def probe(study, settings, model: str, data: tuple[str, str, str], runs: int, k:
         loaded = time.perf_counter()
         row = run.step()
         step_s = time.perf_counter() - loaded
+        heldout = run.heldout_rows
+        batch = heldout[: min(len(heldout), 16)]
+        t1 = time.perf_counter()
+        run.drive(evaluate(batch, 1, quick, run.score, 1))
+        per_completion = (time.perf_counter() - t1) / len(batch)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     steps = -(-settings.token_budget // max(1, row["tokens"]))
-    one = loaded - t0 + steps * step_s
+    milestones = settings.token_budget // settings.mid_eval_tokens + 1 if settings.mid_eval_tokens else 0
+    completions = milestones * 2 * min(settings.mid_eval_problems, len(heldout))
+    if settings.final_eval:
+        completions += len(heldout) * (settings.eval_n + (1 if settings.greedy_eval else 0))
+    eval_s = completions * per_completion
+    one = loaded - t0 + steps * step_s + eval_s
 
     def dur(sec: float) -> str:
         return f"{sec:.0f} s" if sec < 120 else f"{sec / 60:.0f} min"
 
     return (
         f"time: a probe step of {study.base} took {step_s:.1f} s for {row['tokens']:,} generated tokens (the model "
-        f"loaded in {loaded - t0:.1f} s): about {steps} steps and {dur(one)} a run, {runs} runs {dur(runs * one)} "
-        f"one after another (--k {k} at once divides that by at most {k}: on a CPU they share its cores), plus each "
-        "run's start and evaluation; the console gives the time left as runs end"
+        f"loaded in {loaded - t0:.1f} s), a held-out completion {per_completion:.2f} s (a batch of {len(batch)}): "
+        f"about {steps} steps ({dur(steps * step_s)}) and {completions:,} evaluated completions ({dur(eval_s)}), "
+        f"{dur(one)} a run, {runs} runs {dur(runs * one)} one after another (--k {k} at once divides that by at "
+        f"most {k}: on a CPU they share its cores), plus each run's start; the console gives the time left as "
+        "runs end"
     )
 
 

@@ -75,7 +75,7 @@ from avspo_openrlhf.study.fingerprint import (
 from avspo_openrlhf.study.hf_engine import HFEngine
 from avspo_openrlhf.study.protocol import Generate, Rollout, Update
 from avspo_openrlhf.study.spec import NONFINITE_FLAG, STUDY_NAMES, RunSpec, StudySettings, code_commit, device_name
-from avspo_openrlhf.study.task import read_rows, reward_function  # noqa: F401  (reward_function: tests call loop's)
+from avspo_openrlhf.study.task import level_of, read_rows, reward_function  # noqa: F401  (reward_function: tests call loop's)
 
 # ── the run's state ──
 
@@ -266,7 +266,7 @@ class Run:
         }
         self._resume()
 
-    def _drive(self, requests):
+    def drive(self, requests):
         """Run a generator of requests to its end with this run's own engine; its return value."""
         try:
             req = next(requests)
@@ -521,7 +521,7 @@ class Run:
 
     def step(self) -> dict:
         """One step with this run's own engine."""
-        return self._drive(self.step_g())
+        return self.drive(self.step_g())
 
     def milestones(self) -> list[int]:
         """The generated-token milestones of the mid-run evaluations: every ``mid_eval_tokens`` up to
@@ -579,7 +579,7 @@ class Run:
             self.wait_checkpoint()  # training over (or stopped): its last checkpoint is on disk
 
     def train(self, log: Callable[[str], None] = print) -> None:
-        self._drive(self.train_g(log))
+        self.drive(self.train_g(log))
 
     def result_g(self):
         """The run's record: what the study's tables and its paired statistics read."""
@@ -598,7 +598,7 @@ class Run:
         levels: dict[str, list[float]] = {}
         for r in self.heldout_rows:
             if "level" in r and r["unique_id"] in per:
-                levels.setdefault(str(r["level"]), []).append(per[r["unique_id"]])
+                levels.setdefault(level_of(r), []).append(per[r["unique_id"]])
         trained = [c for c in st["curve"] if c["groups_trained"]]
 
         def avg(key: str) -> float:
@@ -665,7 +665,7 @@ class Run:
         }
 
     def result(self) -> dict:
-        return self._drive(self.result_g())
+        return self.drive(self.result_g())
 
     def life_g(self, log: Callable[[str], None] = print):
         """The whole run: train to the budget, evaluate, write ``result.json`` (the checkpoint is then
@@ -686,7 +686,7 @@ def level_mean(per: dict[str, float], rows: list[dict]) -> float:
     levels: dict[str, list[float]] = {}
     for r in rows:
         if r["unique_id"] in per:
-            levels.setdefault(str(r.get("level", "")), []).append(per[r["unique_id"]])
+            levels.setdefault(level_of(r), []).append(per[r["unique_id"]])
     return sum(sum(v) / len(v) for v in levels.values()) / len(levels) if levels else float("nan")
 
 
@@ -697,7 +697,7 @@ def run(spec: RunSpec, run_dir: Path, log: Callable[[str], None] = print) -> dic
     if (run_dir / "result.json").exists():
         return json.loads((run_dir / "result.json").read_text(encoding="utf-8"))
     r = Run(spec, run_dir)
-    return r._drive(r.life_g(log))
+    return r.drive(r.life_g(log))
 
 
 def main(argv: list[str] | None = None) -> int:

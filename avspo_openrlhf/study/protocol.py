@@ -13,7 +13,7 @@ it (``study/hf_engine.py``'s ``HFEngine``, one run per process; ``study/engine.p
 
 An engine gives the run ``policy`` (the tokenizer side: encoding, rollouts), ``model_state()``,
 ``optimizer_state()`` and ``load_states(model, optimizer)`` for its checkpoints (:class:`Engine`).
-The process engine answers a request through ``serve`` (the run drives itself: ``Run._drive``); the
+The process engine answers a request through ``serve`` (the run drives itself: ``Run.drive``); the
 stacked engine answers the request generators of K runs itself and gives each run a view
 (``engine.RunView``) without ``serve``."""
 

@@ -25,7 +25,9 @@ import math
 import os
 import shutil
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from avspo_openrlhf.cli import quickstart as qs
@@ -192,8 +194,13 @@ class RemediesStudy:
         train = synthetic_arithmetic(self.train_prompts, list(self.levels), seed=0)
         return train, synthetic_arithmetic(heldout_rows, list(self.levels), seed=1000)
 
-    def level(self, unique_id: str) -> str:
-        return self.levels[int(unique_id.rsplit("/", 1)[1]) % len(self.levels)]
+    @cached_property
+    def level(self) -> Callable[[str], str]:
+        """``unique_id -> level`` of the held-out problems (the first set and its extension): each row's
+        ``level`` field (``task.level_of``), the rule the GPU study's report reads too."""
+        from avspo_openrlhf.study.task import levels_by_id
+
+        return store.level_lookup(levels_by_id(self.streams(self.heldout + self.heldout_extra)[1]))
 
     def merge_extra(self, res: dict, records: list[dict], precision: str | None = None) -> dict:
         """``res`` (a run's result) with the extra held-out problems' records added: pass@1 over all the

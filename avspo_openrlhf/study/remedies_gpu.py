@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -41,7 +42,6 @@ from avspo_openrlhf.study.remedies_gpu_report import (
     StudyReport,
     acted,
     greedy_view,
-    level_of,
     paired_t,
     swapped,
     tokens_to_target,
@@ -58,7 +58,7 @@ from avspo_openrlhf.study.spec import (
     device_and_dtype,
     device_name,
 )
-from avspo_openrlhf.study.store import StudyError, check_pairable
+from avspo_openrlhf.study.store import StudyError, check_pairable, level_lookup
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,18 @@ class GPURemediesStudy(StudyReport, StudyCommand):
                 return frozenset()
             seen = {r["problem"] for r in read_rows(train)}
             return frozenset(r["unique_id"] for r in read_rows(heldout) if swapped(r["problem"]) in seen)
+
+    def problem_levels(self, heldout: str | None = None) -> dict[str, str]:
+        """``unique_id -> level`` of every problem the study scores, its held-out set (or ``heldout``,
+        a user's file in its place) and its validation set: each row's ``level`` field
+        (``task.level_of``, the rule the runs' level-weighted pass@1 read too)."""
+        import tempfile
+
+        from avspo_openrlhf.study.task import levels_by_id, read_rows
+
+        with tempfile.TemporaryDirectory() as tmp:
+            _, made, validation = self.make_data(Path(tmp))
+            return levels_by_id(r for path in dict.fromkeys((heldout or made, validation)) for r in read_rows(path))
 
     def order(self, arms: list[str], seeds: list[int] | None, pilot: bool = False) -> list[tuple[str, int]]:
         """The runs in the order they start (``store.seed_major``): the pilot's, or the primary arms
@@ -391,10 +403,14 @@ class GPURemediesStudy(StudyReport, StudyCommand):
             (planned if 0 <= r["seed"] < self.seeds.get(r["method"], 0) else extra).append(r)
         return planned, extra
 
-    def summary(self, results: list[dict], exclude: frozenset[str] = frozenset()) -> dict:
+    def summary(
+        self, results: list[dict], exclude: frozenset[str] = frozenset(), level: Callable[[str], str] | None = None
+    ) -> dict:
         """Per arm: its numbers and its paired comparisons (the report's tables, as data), from the
         planned seeds' runs (:meth:`split_planned`); ``exclude``: held-out ids left out of the
-        sensitivity comparison (near-duplicates of training prompts)."""
+        sensitivity comparison (near-duplicates of training prompts); ``level``: a problem's level
+        (default: of the study's own problems, :meth:`problem_levels`)."""
+        level = level or level_lookup(self.problem_levels())
         out = {}
         base_seeds = {r["seed"] for r in results if r["method"] == self.base}
         greedy = greedy_view(results)
@@ -421,15 +437,17 @@ class GPURemediesStudy(StudyReport, StudyCommand):
                 "seed_list": [r["seed"] for r in rs],
                 "heldout_pass1": [r["heldout_pass1"] for r in rs],
                 "heldout_pass1_paired": [r["heldout_pass1"] for r in paired],
-                "vs_" + self.base: paired_t(results, arm, self.base),
-                "vs_" + self.second_base: paired_t(results, arm, self.second_base),
-                "greedy_vs_" + self.base: paired_t(greedy, arm, self.base),
+                "vs_" + self.base: paired_t(results, arm, self.base, level),
+                "vs_" + self.second_base: paired_t(results, arm, self.second_base, level),
+                "greedy_vs_" + self.base: paired_t(greedy, arm, self.base, level),
                 "heldout_greedy_pass1": [r["heldout_pass1"] for r in greedy if r["method"] == arm],
-                "near_duplicates_out_vs_" + self.base: paired_t(results, arm, self.base, lambda k: k not in exclude)
+                "near_duplicates_out_vs_" + self.base: paired_t(
+                    results, arm, self.base, level, lambda k: k not in exclude
+                )
                 if exclude
                 else None,
                 "by_level_vs_" + self.base: {
-                    lv: paired_t(results, arm, self.base, lambda k, lv=lv: level_of(k) == lv) for lv in self.levels
+                    lv: paired_t(results, arm, self.base, level, lambda k, lv=lv: level(k) == lv) for lv in self.levels
                 },
                 "poi_vs_" + self.base: probability_of_improvement(x, y) if arm != self.base else None,
                 "acted_vs_" + self.base: acted(results, arm, self.base) if arm != self.base else None,

@@ -230,7 +230,8 @@ class StudyCommand:
         lr = self.collect(Path(args.out) / "lr_check", pub) if self.lr_check else []
         results = self.collect(out, published)
         exclude = self.near_duplicates(results[0]["settings"].get("heldout")) if results else frozenset()
-        return self.report(results, published or out, self.failures(out, published), lr, exclude)
+        levels = self.problem_levels(args.heldout)  # a user's --heldout in place of the study's set
+        return self.report(results, published or out, self.failures(out, published), lr, exclude, levels)
 
     def _run(self, args, p, out: Path, published: Path | None, settings: StudySettings, shard: tuple[int, int]) -> int:
         model = args.model

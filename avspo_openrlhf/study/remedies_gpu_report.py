@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from avspo_openrlhf.atomic import atomic_write
@@ -22,19 +23,13 @@ from avspo_openrlhf.study.compare import (
     power_at,
     seeds_for_effect,
 )
-from avspo_openrlhf.study.store import check_pairable
+from avspo_openrlhf.study.store import check_pairable, level_lookup
 
 
-def level_of(unique_id: str) -> str:
-    """A held-out problem's level, from its id (``heldout/<level>/<k>``)."""
-    parts = unique_id.split("/")
-    return parts[-2] if len(parts) >= 3 else ""
-
-
-def paired_t(results: list[dict], method: str, base: str, keep=None) -> dict | None:
-    """``method`` - ``base`` paired by seed, each level weighing the same (``compare.paired``, the CPU
-    study's comparison too)."""
-    return compare.paired(results, method, base, level_of, keep)
+def paired_t(results: list[dict], method: str, base: str, level: Callable[[str], str], keep=None) -> dict | None:
+    """``method`` - ``base`` paired by seed, each level (``level(unique_id)``: the problem's row's, through
+    ``store.level_lookup``) weighing the same (``compare.paired``, the CPU study's comparison too)."""
+    return compare.paired(results, method, base, level, keep)
 
 
 def tokens_to_target(r: dict, target: float) -> float:
@@ -232,13 +227,16 @@ class StudyReport:
         failed: dict[str, list[str]] | None = None,
         lr_results: list[dict] | None = None,
         exclude: frozenset[str] = frozenset(),
+        levels: Mapping[str, str] | None = None,
     ) -> str:
         """``results.md``, ``results.json`` (the summary, no per-problem records) and the plot in ``out``;
         ``failed``: the runs that stopped and resume when started again (:meth:`failures`); ``exclude``:
-        the held-out ids of the sensitivity row (near-duplicates of training prompts)."""
+        the held-out ids of the sensitivity row (near-duplicates of training prompts); ``levels``: each
+        scored problem's level (default: the study's own problems', :meth:`problem_levels`)."""
         record = check_pairable(results)
+        level = level_lookup(self.problem_levels() if levels is None else levels)
         results, extra = self.split_planned(results)
-        summary = self.summary(results, exclude)
+        summary = self.summary(results, exclude, level)
         decision = self.decide(summary)
         failed = failed or {}
         lines = [self.header(results, record), ""]
@@ -344,7 +342,7 @@ class StudyReport:
             )
         for x, y, why in self.contrasts:
             if x in summary and y in summary:
-                lines.append(f"| {x} vs {y}: {why} | | | {tables.fmt_t(paired_t(results, x, y))} | |")
+                lines.append(f"| {x} vs {y}: {why} | | | {tables.fmt_t(paired_t(results, x, y, level))} | |")
         budget = record["settings"]["token_budget"]
         lines += [
             "",
@@ -413,7 +411,7 @@ class StudyReport:
                 ),
             ]
         if lr_results:
-            lines += ["", *self.lr_lines(lr_results)]
+            lines += ["", *self.lr_lines(lr_results, level)]
         lines += tables.per_seed_table(results, list(summary))
         lines.append(f"\nRuns resumed after a kill: {sum(bool(r.get('resumed')) for r in results)}.")
         text = "\n".join(lines) + "\n"
@@ -448,9 +446,10 @@ class StudyReport:
             )
         )
 
-    def lr_lines(self, lr_results: list[dict]) -> list[str]:
+    def lr_lines(self, lr_results: list[dict], level: Callable[[str], str] | None = None) -> list[str]:
         """The learning-rate check: each checked arm's validation pass@1 per learning rate, and each rate
         against the study's own on the same seeds (paired: the seeds draw the same random numbers)."""
+        level = level or level_lookup(self.problem_levels())
         by: dict[str, list[float]] = {}
         for r in lr_results:
             by.setdefault(r["method"], []).append(r["heldout_pass1"])
@@ -458,7 +457,7 @@ class StudyReport:
         for m, v in sorted(by.items()):
             arm, _, _ = m.partition("@lr=")
             own = f"{arm}@lr={self.settings.lr:g}"
-            vs = "-" if m == own else tables.fmt_t(paired_t(lr_results, m, own))
+            vs = "-" if m == own else tables.fmt_t(paired_t(lr_results, m, own, level))
             rows.append(f"| {m} | {len(v)} | {tables.mean_sd(v, 100)} | {vs} |")
         return [
             f"Learning-rate check, exploratory (validation problems, not the held-out set; the study keeps lr "

@@ -2,12 +2,13 @@
 ``avspo-train`` cells) and the GPU study's (``study/remedies_gpu.py``, the study loop) alike: one
 file per finished run, ``<published>/runs/<method>_seed<k>.json`` (its per-problem records packed),
 read back together with the runs of a run folder (``<out>/<method>_seed<k>/result.json``); whether
-runs pair (one settings hash, else the fields that differ); and the order in which a study starts its
+runs pair (one settings hash, else the fields that differ; a problem read at its row's level); and the order in which a study starts its
 runs."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from avspo_openrlhf.atomic import atomic_write
@@ -103,3 +104,19 @@ def check_pairable(results: list[dict]) -> dict | None:
             f"differ in {'; '.join(diff) or 'their hash only'}. Publish each into its own folder."
         )
     return results[0]["settings"] if results else None
+
+
+def level_lookup(levels: Mapping[str, str]) -> Callable[[str], str]:
+    """``unique_id -> level`` over the problems a report reads (``task.levels_by_id`` of its held-out
+    rows): an id it does not hold, a run scored on other problems, is named, not paired under a wrong level."""
+
+    def level(unique_id: str) -> str:
+        try:
+            return levels[unique_id]
+        except KeyError:
+            raise StudyError(
+                f"a run scored problem {unique_id!r}, which is not among the {len(levels)} problems this "
+                "report reads: its results come from another held-out set"
+            ) from None
+
+    return level

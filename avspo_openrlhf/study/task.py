@@ -2,8 +2,10 @@
 and the reward that scores a completion, in one place. The built-in arithmetic task is
 ``GPURemediesStudy.make_data``'s; a user's task is a jsonl with a prompt field, an answer field and
 an optional level field (:class:`Task`), written into the rows the study loop reads
-(``problem``, ``answer``, ``level``, ``unique_id`` = ``<split>/<level>/<k>``: the loop weighs levels
-by the ``level`` field, the report's paired tables by the id, so both carry the same level).
+(``problem``, ``answer``, ``level``, ``unique_id`` = ``<split>/<level>/<k>``). A problem's level is its
+row's ``level`` field (:func:`level_of`), the one rule the loop's level-weighted pass@1, the reports'
+per-level and paired tables and the CPU study read; a report maps a run's per-problem records to levels
+through the rows it scored (:func:`levels_by_id`).
 
 Reward names, one space with ``avspo-train``'s ``--reward.remote_url avspo:NAME``: ``arith`` (the last
 integer, ``rewards.arith_reward``), ``math`` (math-verify), the same with the ``avspo:`` prefix, or a
@@ -18,7 +20,7 @@ import importlib
 import importlib.util
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,16 @@ def read_rows(path: str) -> list[dict]:
     if not rows:
         raise DataError(f"{path}: no problems")
     return rows
+
+
+def level_of(row: dict) -> str:
+    """A problem's level: its row's ``level`` field, "" for a row without one."""
+    return str(row.get("level", ""))
+
+
+def levels_by_id(rows: Iterable[dict]) -> dict[str, str]:
+    """``unique_id -> level`` (:func:`level_of`) of the problems a study scores."""
+    return {r["unique_id"]: level_of(r) for r in rows}
 
 
 def normalize_reward(name: str) -> str:
@@ -183,7 +195,7 @@ class Task:
         heldout = heldout[:heldout_max]
         levels = tuple(dict.fromkeys(r["level"] for r in heldout))
         count: dict[str, int] = {}
-        for r in heldout:  # the id carries the level: the report's per-level tables read it
+        for r in heldout:  # an id per level, as the built-in arithmetic's (read by people, not by the report)
             r["unique_id"] = f"heldout/{r['level']}/{count.setdefault(r['level'], 0)}"
             count[r["level"]] += 1
         for k, r in enumerate(train):
