@@ -565,3 +565,33 @@ def test_prompt_order_follows_the_seed_not_the_process_rng():
     seed_prompt_order(resumed, 7)
     resumed.load_state_dict(state)
     assert head + [int(b[0]) for b in resumed] == a
+
+
+@pytest.mark.parametrize(
+    "limit, step, tokens, reason",
+    [
+        (("--run.max_steps", "10"), 10, 0.0, "--run.max_steps 10 reached"),
+        (("--run.max_generated_tokens", "500"), 7, 512.0, "--run.max_generated_tokens 500 reached (512)"),
+    ],
+)
+def test_a_resumed_run_at_its_limit_trains_no_step(monkeypatch, limit, step, tokens, reason):
+    """A run resumed at its step limit or past its token budget (its checkpoint's global step and
+    counters restored) trains no further batch: the first one is skipped unseen, the generator told to
+    stop. (That a resume restores the step and counters: the GRESO run of test_remedies.py.)"""
+    from openrlhf.trainer.ppo_trainer import BasePPOTrainer
+
+    from avspo_openrlhf.trainer.trainers import SKIPPED
+
+    def trained(self, samples, global_step):
+        raise AssertionError("a batch past the run's limit was trained")
+
+    monkeypatch.setattr(BasePPOTrainer, "train_step", trained)
+    t = _trainer(parse(*limit))
+    t.counters["generated_tokens"] = tokens
+    status, new_step = t.train_step([], step)
+    assert status == {SKIPPED: True} and new_step == step
+    assert t.stop_reason == reason and t.samples_generator.stop
+    # below the limit the batch goes on to OpenRLHF's step
+    fresh = _trainer(parse(*limit))
+    with pytest.raises(AssertionError, match="was trained"):
+        fresh.train_step([], 1)

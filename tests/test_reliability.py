@@ -89,41 +89,41 @@ def _listening(pids: set[int]) -> list:
 
 PROBE = textwrap.dedent(
     """
-    import json, sys, psutil
+    import json, time, psutil
     from avspo_openrlhf.ray_auth import enable_token_auth
     assert enable_token_auth() == "token"  # what avspo-train does first, before Ray is imported
-    import ray
     from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
     install_gpu_module_stubs()
+    import ray
     from avspo_openrlhf.cpu.backend import init_ray
     init_ray()
     ray.get(ray.remote(lambda: 1).remote())
-    me = psutil.Process()
-    pids = sorted(p.pid for p in me.children(recursive=True))
-    gcs = ray.get_runtime_context().gcs_address
-    print("PROBE " + json.dumps({"pids": pids, "gcs": gcs}), flush=True)
-    sys.stdin.readline()  # until the test has probed
-    ray.shutdown()
+    time.sleep(3)  # the reaper has seen every process
+    kids = [(p.pid, p.create_time(), p.name()) for p in psutil.Process().children(recursive=True)]
+    print("PROBE " + json.dumps({"kids": kids, "gcs": ray.get_runtime_context().gcs_address}), flush=True)
+    time.sleep(600)  # until the test kills it
     """
 )
 
 
 @pytest.mark.slow
-def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
+def test_the_cpu_backends_ray_refuses_outsiders_and_dies_with_its_driver(tmp_path):
     """Ray listens on every interface (GCS, raylet and worker gRPC, the agents' HTTP servers) and
     its job agent runs any entrypoint POSTed to it. The CPU backend turns on Ray's token
     authentication with a token only its own processes hold: a job POSTed to every listening port
-    runs nothing, and a client without the token cannot join the cluster."""
+    runs nothing, and a client without the token cannot join the cluster. And a driver killed with
+    SIGKILL (no atexit, no Ray shutdown hook) takes every Ray process it started with it."""
     import http.client
     import urllib.error
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
 
+    import psutil
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     err = open(tmp_path / "probe.err", "w+")
     proc = subprocess.Popen(
         [sys.executable, "-c", PROBE],
-        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
         stderr=err,
@@ -136,7 +136,10 @@ def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
             line = proc.stdout.readline()
         assert line, (tmp_path / "probe.err").read_text()[-3000:]
         info = json.loads(line.removeprefix("PROBE "))
-        socks = _listening(set(info["pids"]))
+        kids = info["kids"]
+        names = " ".join(n for _, _, n in kids)
+        assert "raylet" in names and "gcs_server" in names
+        socks = _listening({pid for pid, _, _ in kids})
         assert socks, "no listening socket found for the run's Ray processes"
         marker = tmp_path / "pwned"
         job = json.dumps({"entrypoint": f"touch {marker}", "submission_id": "probe"}).encode()
@@ -171,13 +174,24 @@ def test_the_cpu_backends_ray_refuses_callers_without_the_runs_token(tmp_path):
         time.sleep(1)
         assert not marker.exists()
     finally:
-        try:
-            proc.stdin.write("\n")
-            proc.stdin.flush()
-            proc.wait(timeout=60)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
+        proc.kill()  # SIGKILL: no atexit, no Ray shutdown hook
+        proc.wait()
         err.close()
+
+    def alive():
+        out = []
+        for pid, started, name in kids:
+            try:
+                if psutil.Process(pid).create_time() == started:
+                    out.append(name)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    deadline = time.time() + 30
+    while alive() and time.time() < deadline:
+        time.sleep(0.5)
+    assert not alive(), f"outlived the driver: {alive()}"
 
 
 # ── checkpoints that survive a kill ──
@@ -357,66 +371,6 @@ def test_answer_parsing_is_linear_and_bounded():
     assert last_boxed("so \\boxed{\\frac{1}{2}} and \\boxed{3}") == "3"
     assert last_boxed("\\boxed{a} then \\boxed{ unclosed") == "a"
     assert response_from_query("P the answer <|im_end|>  </s>\n", "P") == "the answer"
-
-
-DRIVER = textwrap.dedent(
-    """
-    import json, time, psutil
-    from avspo_openrlhf.ray_auth import enable_token_auth
-    enable_token_auth()
-    from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
-    install_gpu_module_stubs()
-    import ray
-    from avspo_openrlhf.cpu.backend import init_ray
-    init_ray()
-    ray.get(ray.remote(lambda: 1).remote())
-    time.sleep(3)  # the reaper has seen every process
-    kids = [(p.pid, p.create_time(), p.name()) for p in psutil.Process().children(recursive=True)]
-    print("PROBE " + json.dumps(kids), flush=True)
-    time.sleep(600)
-    """
-)
-
-
-@pytest.mark.slow
-def test_kill_9_of_the_driver_takes_its_ray_processes_with_it(tmp_path):
-    import psutil
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-    )
-    try:
-        line = "-"
-        while line and not line.startswith("PROBE "):
-            line = proc.stdout.readline()
-        assert line, "the driver died before it reported its processes"
-        kids = json.loads(line.removeprefix("PROBE "))
-        names = " ".join(n for _, _, n in kids)
-        assert "raylet" in names and "gcs_server" in names
-    finally:
-        proc.kill()  # SIGKILL: no atexit, no Ray shutdown hook
-        proc.wait()
-
-    def alive():
-        out = []
-        for pid, started, name in kids:
-            try:
-                if psutil.Process(pid).create_time() == started:
-                    out.append(name)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    deadline = time.time() + 30
-    while alive() and time.time() < deadline:
-        time.sleep(0.5)
-    assert not alive(), f"outlived the driver: {alive()}"
 
 
 def test_a_non_utf8_byte_is_named_by_file_and_line_before_ray(tmp_path, capsys):
