@@ -3,6 +3,7 @@ completions file, or the reference solutions (``oracle``, a check of the scoring
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ class VLLMGenerator:
         if self._llm is None:
             from vllm import LLM
 
+            if self.cpu:  # the engine runs in this process: its loader's full collections skip the imports
+                gc.freeze()  # (as in cpu/engine.py; vLLM freezes its own heap after init anyway)
             self._llm = LLM(**self.engine_kwargs)
         return self._llm
 
