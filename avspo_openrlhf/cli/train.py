@@ -4,8 +4,8 @@ dynamic filter, health monitors and the version-tagged async buffer.
 The path of one run, in order (each step an ordinary function call):
 
 1. :func:`openrlhf_args`: OpenRLHF's own parser, defaults and checks (its ``__main__`` block,
-   without its final ``train(args)``), plus our flag groups, :func:`complete_args` (the one place
-   that writes ``args``) and :func:`check_config` (reads only);
+   without its final ``train(args)``), plus our flag groups, :func:`complete_args` (writes ``args``
+   before any check) and :func:`check_config` (reads only);
 2. :func:`~avspo_openrlhf.cli.preflight.preflight` (datasets, model, reward file: seconds, before
    Ray); ``--dry-run`` runs its offline part, prints the config and stops;
 3. ``--backend gpu``: OpenRLHF's ``train(args)`` with our trainer classes installed for that call
@@ -229,9 +229,11 @@ def complete_args(args) -> None:
     """What the flags mean for OpenRLHF, written into its ``args`` once, right after ``hierarchize``
     (part of parsing: nothing reads ``args`` before): the wandb key moved to the environment, plugin
     files by absolute path, reward aliases resolved, the entropy computed for the monitor, the CPU
-    backend's settings, and the chosen remedy's every option (the printed and logged config). After
-    this ``args`` is not written again: :func:`check_config` only reads it, and every component reads
-    the typed, frozen settings built here once (``trainer/run_settings.py: settings``)."""
+    backend's settings, and the chosen remedy's every option (the printed and logged config).
+    :func:`check_config` only reads ``args``, and every component reads the typed, frozen settings
+    built here once (``trainer/run_settings.py: settings``). Two writes come later, each where it
+    must (docs/architecture.md): ``reward_files.guard_reward_files`` after preflight, and OpenRLHF's
+    trainers' ``-1`` of ``--eval.steps`` / ``--ckpt.save_steps`` made "never"."""
     move_wandb_key_to_env(args)  # before anything can print, save or ship the args
     # a plugin file by its absolute path: Ray workers re-import it (trainer/run_settings.py) from another folder
     args.plugin = [os.path.abspath(p) if p.endswith(".py") else p for p in getattr(args, "plugin", None) or []]
