@@ -19,7 +19,7 @@ PKG = Path(__file__).resolve().parents[1] / "avspo_openrlhf"
 LAYERS = [
     (
         "base: small utilities",
-        {"stats", "redaction", "ray_auth", "folder_lock", "swap", "startup", "atomic", "__init__"},
+        {"stats", "redaction", "ray_auth", "folder_lock", "swap", "startup", "startup_gc", "atomic", "__init__"},
     ),
     ("algo: the pure math of ACR and its remedies (torch only)", {"algo"}),
     ("the TRL and verl integrations: adapters directly over the pure math", {"integrations"}),

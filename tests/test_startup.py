@@ -1,6 +1,7 @@
 """The start-up timeline (avspo_openrlhf/startup.py): the driver's phases follow one another from
 the process's start, another process's phase is a span of its own, a later run in the same process
-counts from its own start. The timeline of a real run is checked in tests/test_cpu_pipeline.py."""
+counts from its own start; the collector paused for the start-up and given back (startup_gc.py). The
+timeline of a real run is checked in tests/test_cpu_pipeline.py."""
 
 import json
 import time
@@ -44,3 +45,43 @@ def test_the_process_start_is_before_this_test(tmp_path):
     assert state["spans"][0]["start_s"] == 0.0 and state["total_s"] > 0
     assert not list((tmp_path / "report").glob("*.tmp"))
     t.write(None)  # no report folder: nothing written, no error
+
+
+def test_the_collector_is_paused_for_the_start_up_and_given_back():
+    import gc
+    import sys
+    import types
+
+    from avspo_openrlhf import startup_gc
+
+    assert gc.isenabled()
+    startup_gc.pause()
+    try:
+        assert not gc.isenabled()
+        startup_gc.pause()  # paused twice, resumed once: on again
+    finally:
+        startup_gc.resume()
+    assert gc.isenabled()
+    startup_gc.resume()  # idempotent
+    assert gc.isenabled()
+    gc.disable()  # a process that turned the collector off itself keeps it off
+    try:
+        startup_gc.pause()
+        startup_gc.resume()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    # a worker without a point of its own: resumed once no module was imported for quiet_s
+    startup_gc.pause()
+    try:
+        watch = startup_gc.resume_after_imports(quiet_s=0.3, poll_s=0.05)
+        for k in range(4):  # imports keep it paused
+            sys.modules[f"_avspo_test_import_{k}"] = types.ModuleType("x")
+            watch.join(0.1)
+            assert not gc.isenabled() and watch.is_alive()
+        watch.join(5)
+        assert gc.isenabled() and not watch.is_alive()
+    finally:
+        startup_gc.resume()
+        for k in range(4):
+            sys.modules.pop(f"_avspo_test_import_{k}", None)

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from avspo_openrlhf import startup_gc
 from avspo_openrlhf.cli.preflight import check_model
 from avspo_openrlhf.cpu.dtype import CPU_DTYPES
 from avspo_openrlhf.folder_lock import FolderBusy, lock_folder
@@ -143,11 +144,14 @@ def _generator(args, model: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup_gc.pause()  # its imports (vLLM, torch, transformers) without the collector walking them
     try:
         return _main(build_parser().parse_args(argv))
     except (ValueError, FolderBusy) as e:  # another model's or writer's folder, a bad data row: one line
         print(f"avspo-eval: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        startup_gc.resume()  # the generator resumes it once its engine is built; here whatever happened
 
 
 def _main(args) -> int:

@@ -37,6 +37,7 @@ import sys
 import threading
 from types import SimpleNamespace
 
+from avspo_openrlhf import startup_gc
 from avspo_openrlhf.cli.console import quiet_console, verbose_setting
 from avspo_openrlhf.cli.interrupt import INTERRUPT, install_interrupt_handler, reclaim_sigterm
 from avspo_openrlhf.cli.preflight import ALLOW_MISSING_ENV, MissingPath, PreflightError, preflight
@@ -316,6 +317,14 @@ def run(argv: list[str] | None = None, *, dry_run: bool = False):
 
 
 def _run(argv: list[str], dry_run: bool):
+    startup_gc.pause()  # the start-up's imports, without the collector walking them (startup_gc.py)
+    try:
+        return _run_paused(argv, dry_run)
+    finally:
+        startup_gc.resume()  # a caller in this process (the API, tests) gets its collector back
+
+
+def _run_paused(argv: list[str], dry_run: bool):
     TIMELINE.begin_run()
     TIMELINE.mark("interpreter and our imports")
     enable_token_auth()  # before parse() imports OpenRLHF and with it Ray, which reads the mode once
@@ -361,7 +370,9 @@ def _run(argv: list[str], dry_run: bool):
         from avspo_openrlhf.install import installed
 
         with installed(trainers=True, on_ray_started=reclaim_sigterm):
-            importlib.import_module(OPENRLHF_MAIN).train(args)
+            train = importlib.import_module(OPENRLHF_MAIN).train
+            startup_gc.resume()  # OpenRLHF's train(args) starts Ray and trains: the collector on
+            train(args)
     if args.report.dir:
         from avspo_openrlhf.report import plot_run
 

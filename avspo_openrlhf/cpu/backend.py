@@ -19,10 +19,12 @@ async trainers, checkpoints. Added here, and only here:
 
 from __future__ import annotations
 
+import gc
 import os
 
 import ray
 
+from avspo_openrlhf import startup_gc
 from avspo_openrlhf.cpu.cores import cpulist, pin_process, resolve_split, thread_env
 from avspo_openrlhf.cpu.dtype import describe_cpu_dtype, resolve_cpu_dtype
 from avspo_openrlhf.cpu.engine import CPUEngine
@@ -82,6 +84,21 @@ class _Pinnable:
         return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
+class _FrozenImports:
+    """What the actor's process imported (torch, transformers, DeepSpeed, OpenRLHF: millions of
+    objects that live as long as the process) frozen out of the collector's sight before the model
+    loads: OpenRLHF's ``save_ckpt`` runs a full ``gc.collect()`` after every checkpoint, and Python's
+    own oldest-generation collections walk the whole heap too (``cpu/engine.py`` does the same for
+    vLLM's)."""
+
+    def init_model_from_pretrained(self, *args, **kwargs):
+        gc.freeze()
+        try:
+            return super().init_model_from_pretrained(*args, **kwargs)
+        finally:
+            startup_gc.resume()  # paused by the worker's setup hook for its imports (cpu/worker.py)
+
+
 class _LoopbackRendezvous:
     """DeepSpeed's ``env://`` rendezvous starts a torch ``TCPStore`` that listens on every interface,
     whatever ``MASTER_ADDR`` says (torch 2.13). On a loopback node (a single-machine run) the actor
@@ -106,7 +123,7 @@ class _LoopbackRendezvous:
             os.environ.update(MASTER_PORT=str(self._master_port), TORCHELASTIC_USE_AGENT_STORE="True")
 
 
-class CPUReferenceModelActor(_Pinnable, _LoopbackRendezvous, _response_logits(), _reference_base()):
+class CPUReferenceModelActor(_FrozenImports, _Pinnable, _LoopbackRendezvous, _response_logits(), _reference_base()):
     """OpenRLHF's reference actor, pinnable to the training cores."""
 
 
@@ -154,7 +171,13 @@ class _SkipOldLogProbPass:
 
 
 class CPUPolicyModelActor(
-    _Pinnable, _LoopbackRendezvous, _SkipOldLogProbPass, _response_logits(), _entropy_mixin(), _policy_base()
+    _FrozenImports,
+    _Pinnable,
+    _LoopbackRendezvous,
+    _SkipOldLogProbPass,
+    _response_logits(),
+    _entropy_mixin(),
+    _policy_base(),
 ):
     """OpenRLHF's policy actor; weight sync goes to :class:`CPUEngine` through Ray."""
 
@@ -434,6 +457,7 @@ def _train_cpu(args, on_ray_started) -> None:
     TIMELINE.mark("engines attached (waits for the vLLM engine)")
     TIMELINE.write(args.report.dir)
     print(f"[avspo] {TIMELINE.summary()} (timeline: startup.json; the first step begins now)", flush=True)
+    startup_gc.resume()  # paused by avspo-train for the start-up's imports (startup_gc.py)
     trainer.fit()
     from avspo_openrlhf.trainer.stop_file import trainer_stopped
 

@@ -9,6 +9,7 @@ import asyncio
 import gc
 import os
 
+from avspo_openrlhf import startup_gc
 from avspo_openrlhf.cpu.cores import binding, cpulist, pin_process
 from avspo_openrlhf.cpu.dtype import VLLM_DTYPE
 
@@ -58,6 +59,7 @@ class CPUEngine(_engine_base()):
         self.llm = LLM(
             model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype=VLLM_DTYPE[dtype], **extra
         )
+        startup_gc.resume()  # paused by the worker's setup hook for its imports (cpu/worker.py)
         self._mm_pad_token_ids = None
         self._pending: list = []
         self._flush_task = None

@@ -12,6 +12,7 @@ def install_cpu_worker() -> None:
     restored), each set applied when the module that holds it is first imported. Imports nothing
     heavy: applied eagerly, they imported torch, OpenRLHF and DeepSpeed in every worker, 14 CPU-s
     each (2-core AMD EPYC), also in the async trainer's queue and lock actors, which use none of them."""
+    from avspo_openrlhf import startup_gc
     from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
     from avspo_openrlhf.cpu.cuda_shims import replacements_by_module
     from avspo_openrlhf.swap import Swap
@@ -25,6 +26,10 @@ def install_cpu_worker() -> None:
 
     install_gpu_module_stubs()
     after_import({name: apply(build) for name, build in replacements_by_module().items()})
+    # the actor's imports come next: without the collector walking them (startup_gc.py); the engine and
+    # the model actors resume it when ready, any other actor once its imports settle
+    startup_gc.pause()
+    startup_gc.resume_after_imports()
 
 
 def after_import(actions: dict) -> None:

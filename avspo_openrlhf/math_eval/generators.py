@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from avspo_openrlhf import startup_gc
 from avspo_openrlhf.ray_auth import loopback_env
 from avspo_openrlhf.rewards.extract import last_boxed
 
@@ -99,6 +100,7 @@ class VLLMGenerator:
             if self.cpu:  # the engine runs in this process: its loader's full collections skip the imports
                 gc.freeze()  # (as in cpu/engine.py; vLLM freezes its own heap after init anyway)
             self._llm = LLM(**self.engine_kwargs)
+            startup_gc.resume()  # paused by avspo-eval for its imports (startup_gc.py)
         return self._llm
 
     def generate(self, texts: list[str], dec: Decoding) -> list[list[Completion]]:
