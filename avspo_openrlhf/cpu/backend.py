@@ -85,7 +85,7 @@ class _Pinnable:
 
 
 class _FrozenImports:
-    """What the actor's process imported (torch, transformers, DeepSpeed, OpenRLHF: millions of
+    """What the actor's process imported (torch, transformers, DeepSpeed, OpenRLHF: some 600,000
     objects that live as long as the process) frozen out of the collector's sight before the model
     loads: OpenRLHF's ``save_ckpt`` runs a full ``gc.collect()`` after every checkpoint, and Python's
     own oldest-generation collections walk the whole heap too (``cpu/engine.py`` does the same for
