@@ -85,3 +85,18 @@ def test_the_collector_is_paused_for_the_start_up_and_given_back():
         startup_gc.resume()
         for k in range(4):
             sys.modules.pop(f"_avspo_test_import_{k}", None)
+
+
+def test_the_imports_are_frozen_out_of_the_collectors_sight():
+    import gc
+
+    from avspo_openrlhf import startup_gc
+
+    gc.unfreeze()
+    try:
+        startup_gc.freeze_imports()
+        assert gc.get_freeze_count() > 0
+        # an imported object (this function) is no longer in any generation the collector walks
+        assert not any(o is startup_gc.freeze_imports for o in gc.get_objects())
+    finally:
+        gc.unfreeze()

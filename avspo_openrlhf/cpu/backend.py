@@ -19,7 +19,6 @@ async trainers, checkpoints. Added here, and only here:
 
 from __future__ import annotations
 
-import gc
 import os
 
 import ray
@@ -85,14 +84,12 @@ class _Pinnable:
 
 
 class _FrozenImports:
-    """What the actor's process imported (torch, transformers, DeepSpeed, OpenRLHF: some 600,000
-    objects that live as long as the process) frozen out of the collector's sight before the model
-    loads: OpenRLHF's ``save_ckpt`` runs a full ``gc.collect()`` after every checkpoint, and Python's
-    own oldest-generation collections walk the whole heap too (``cpu/engine.py`` does the same for
-    vLLM's)."""
+    """The model actors' imports (torch, transformers, DeepSpeed, OpenRLHF: some 600,000 objects) frozen
+    before the model loads (``startup_gc.freeze_imports``): OpenRLHF's ``save_ckpt`` runs a full
+    ``gc.collect()`` after every checkpoint."""
 
     def init_model_from_pretrained(self, *args, **kwargs):
-        gc.freeze()
+        startup_gc.freeze_imports()
         try:
             return super().init_model_from_pretrained(*args, **kwargs)
         finally:

@@ -6,7 +6,6 @@ EPYC without native bf16, started beside two other actor processes that share it
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 
 from avspo_openrlhf import startup_gc
@@ -51,11 +50,7 @@ class CPUEngine(_engine_base()):
         # logprobs_mode: rollout log-probs as the sampler saw them, for the off-policy correction
         # (--algo.advantage.is_correction_*), as OpenRLHF's GPU engines get it
         extra = {"logprobs_mode": logprobs_mode} if logprobs_mode else {}
-        # what this process imported (torch, transformers, vLLM: hundreds of thousands of objects) lives as
-        # long as the process: out of the collector's sight, vLLM's full collections while it loads the
-        # model and freezes its heap (base_loader, freeze_gc_heap) skip it. vLLM freezes its own heap
-        # after init; this extends that to the imports, and vLLM's shutdown unfreezes both
-        gc.freeze()
+        startup_gc.freeze_imports()  # vLLM's full collections while it loads then skip them
         self.llm = LLM(
             model=model, seed=seed, max_model_len=max_model_len, enforce_eager=True, dtype=VLLM_DTYPE[dtype], **extra
         )

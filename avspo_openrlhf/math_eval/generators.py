@@ -3,7 +3,6 @@ completions file, or the reference solutions (``oracle``, a check of the scoring
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 from dataclasses import dataclass
@@ -98,7 +97,7 @@ class VLLMGenerator:
             from vllm import LLM
 
             if self.cpu:  # the engine runs in this process: its loader's full collections skip the imports
-                gc.freeze()  # (as in cpu/engine.py; vLLM freezes its own heap after init anyway)
+                startup_gc.freeze_imports()
             self._llm = LLM(**self.engine_kwargs)
             startup_gc.resume()  # paused by avspo-eval for its imports (startup_gc.py)
         return self._llm

@@ -349,7 +349,7 @@ def probe(study, settings, model: str, data: tuple[str, str, str], runs: int, k:
         row = run.step()
         step_s = time.perf_counter() - loaded
         heldout = run.heldout_rows
-        batch = heldout[: min(len(heldout), 16)]
+        batch = heldout[:16]
         t1 = time.perf_counter()
         run.drive(evaluate(batch, 1, quick, run.score, 1))
         per_completion = (time.perf_counter() - t1) / len(batch)
