@@ -155,12 +155,15 @@ def pearson(x: Sequence[float], y: Sequence[float], centred_groups: int = 0) -> 
     if n != len(y):
         raise ValueError(f"pearson: {n} x values, {len(y)} y values")
     out = {"n": n, "r": None, "ci95": None, "r2": None, "p": None}
-    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    dx, dy = xa - xa.mean() if n else xa, ya - ya.mean() if n else ya
-    sxx, syy = float(dx @ dx), float(dy @ dy)
+    # exactly rounded sums (math.fsum), not BLAS dot products: a dot's summation order follows the
+    # CPU's vector width, and a published r differed in its last digit between AVX2 and AVX-512
+    xs, ys = [float(v) for v in x], [float(v) for v in y]
+    mx, my = (math.fsum(xs) / n, math.fsum(ys) / n) if n else (0.0, 0.0)
+    dx, dy = [v - mx for v in xs], [v - my for v in ys]
+    sxx, syy = math.fsum(a * a for a in dx), math.fsum(b * b for b in dy)
     if n - k < 3 or sxx <= 0 or syy <= 0:
         return out
-    r = float(dx @ dy) / math.sqrt(sxx * syy)
+    r = math.fsum(a * b for a, b in zip(dx, dy)) / math.sqrt(sxx * syy)
     r = math.copysign(1.0, r) if abs(r) > 1 - 1e-12 else r  # points on a line: exactly +-1, not 0.9999...
     df = n - 2 - k
     p = 0.0 if abs(r) == 1 else 2 * (1 - t_cdf(abs(r) * math.sqrt(df / (1 - r * r)), df))
