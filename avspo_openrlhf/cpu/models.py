@@ -54,9 +54,12 @@ def prepare_smollm2(out_dir: str) -> str:
     model.to(torch.bfloat16).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     os.makedirs(os.path.dirname(os.path.abspath(out_dir)), exist_ok=True)
-    if os.path.exists(out_dir):
-        import shutil
+    import shutil
 
+    if model_is_complete(out_dir):  # another process converted it meanwhile (two test workers): keep theirs,
+        shutil.rmtree(tmp)  # which a reader may already have open
+        return out_dir
+    if os.path.exists(out_dir):  # a torn folder of a killed run
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)  # atomic: a killed conversion never leaves a half-written model
     print(f"[avspo] done in {time.time() - t0:.0f}s", flush=True)
