@@ -36,13 +36,14 @@ def _actor(args, model, port):
     return actor
 
 
-@pytest.mark.parametrize("cpu_dtype", ["bf16", "fp32"])
-def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, monkeypatch, cpu_dtype):
+# ZeRO-2 as OpenRLHF's default; ZeRO-0 as the quickstart's (one DeepSpeed process: nothing to partition)
+@pytest.mark.parametrize(("cpu_dtype", "zero_stage"), [("bf16", 2), ("fp32", 2), ("fp32", 0)])
+def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, monkeypatch, cpu_dtype, zero_stage):
     monkeypatch.setenv("LOCAL_RANK", "0")
     model = build_tiny_model(str(tmp_path / "tiny"))
     g, n = 4, 2
     flags = [
-        "--actor.model_name_or_path", model, "--ds.zero_stage", "2", "--ds.attn_implementation", "eager",
+        "--actor.model_name_or_path", model, "--ds.zero_stage", str(zero_stage), "--ds.attn_implementation", "eager",
         "--rollout.n_samples_per_prompt", str(g), "--rollout.batch_size", str(n), "--rollout.micro_batch_size", "4",
         "--train.batch_size", "8", "--train.micro_batch_size", "4", "--data.max_len", "64",
         "--remedy", "avspo", "--acr.window", "1", "--acr.tau_init", "0.1",
@@ -61,7 +62,7 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         assert {p.dtype for p in actor.actor.model.parameters()} == {want}
         assert actor.actor.model.bfloat16_enabled() == (cpu_dtype == "bf16")  # DeepSpeed's engine
         # under ZeRO's wrapper, torch's fused AdamW (cpu/strategy.py), not DeepSpeed's compiled FusedAdam
-        inner = actor.actor_optim.optimizer
+        inner = getattr(actor.actor_optim, "optimizer", actor.actor_optim)  # ZeRO-0: AdamW unwrapped
         assert type(inner) is torch.optim.AdamW and inner.defaults["fused"] is True, inner
         maker = make_maker(args, RemedyExperienceMaker, kl_coef=0.0)
         exps = maker.split_rollout_samples(rollout_samples(rewards))
@@ -87,7 +88,14 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         actor.save_checkpoint("global_step1", client_states={"global_step": 1, "episode": 0, STATE_KEY: state})
         args2 = copy.deepcopy(args)
         args2.ckpt.load_enable = True
-        loaded = _actor(args2, model, _port()).get_checkpoint_states()
+        again = _actor(args2, model, _port())
+        loaded = again.get_checkpoint_states()
+        # the weights and Adam's moments come back exactly
+        for (name, p), q in zip(actor.actor.model.named_parameters(), again.actor.model.parameters()):
+            assert torch.equal(p, q), name
+        moments = [getattr(a.actor_optim, "optimizer", a.actor_optim).state.values() for a in (actor, again)]
+        saved, back = ([t for st in m for t in st.values() if torch.is_tensor(t)] for m in moments)
+        assert saved and len(saved) == len(back) and all(torch.equal(a, b) for a, b in zip(saved, back))
     assert loaded["global_step"] == 1
     assert json.dumps(loaded[STATE_KEY], sort_keys=True) == json.dumps(state, sort_keys=True)
 
