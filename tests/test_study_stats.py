@@ -123,9 +123,9 @@ def test_pearson_closed_form():
 
 
 def test_pearson_is_the_same_bit_for_bit_in_any_order_of_the_pairs():
-    """Exactly rounded sums: the published r is the machine's no more than the order's (a BLAS dot
-    product's summation order follows the CPU's vector width; r differed in its last digit between an
-    AVX2 and an AVX-512 machine)."""
+    """Exactly rounded sums: r depends neither on the order of the pairs nor on the machine (a BLAS
+    dot product's summation order follows the CPU's vector width; a published r differed in its last
+    digit between an AVX2 and an AVX-512 machine)."""
     rng = np.random.default_rng(0)
     x, y = rng.random(37), rng.random(37)
     ref = stats.pearson(x.tolist(), y.tolist())
