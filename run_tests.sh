@@ -13,7 +13,7 @@ export PYTHONFAULTHANDLER=1
 # two workers (pytest-xdist), each test module whole on one of them (--dist loadscope: a module's
 # fixtures are made once and the real-Slurm tests never queue behind each other). An end-to-end run
 # keeps about one core busy (its generation and training take turns), so on 2 cores two at once
-# took the full suite from 40 to 23 minutes (Intel Xeon, AVX-512). AVSPO_TEST_WORKERS=0 runs in this
+# took the full suite from 40 to 23 minutes (Intel Xeon, AVX-512, native bf16). AVSPO_TEST_WORKERS=0 runs in this
 # process; a later -n in the arguments wins.
 if ! "$VENV/bin/python" -c "import xdist" 2>/dev/null; then
   echo "run_tests.sh: pytest-xdist is missing from $VENV: bash setup.sh (or pip install -r requirements.txt) installs it" >&2

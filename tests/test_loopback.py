@@ -113,6 +113,7 @@ def run(tmp_path_factory):
                 procs = [root, *root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 break
+            pids = {q.pid for q in procs}
             for c, p in _listening(procs):
                 key = (c.laddr.ip, c.laddr.port)
                 if key in seen:
@@ -123,7 +124,6 @@ def run(tmp_path_factory):
                     seen[key] = "?"
                 if any(name in seen[key] for name in RAY_METRICS):  # not gloo's: a stray GET stalls its handshake
                     loopback_http[c.laddr.port] = _http_get("127.0.0.1", c.laddr.port)
-                pids = {q.pid for q in procs}
                 outside_http.update(
                     {(h, c.laddr.port): _ours(_http_get(h, c.laddr.port), h, c.laddr.port, pids) for h in outside}
                 )
