@@ -278,17 +278,23 @@ def _stop_cluster(port: int) -> None:
 
 def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
     flags = _flags(assets, tmp_path, "--train.async_enable", "--ckpt.load_enable", "--ckpt.save_steps", "100")
+    flags[flags.index("--reward.remote_url") + 1] = str(FIXTURES / "held_reward.py")
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
     log_path = tmp_path / "first.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
     metrics = tmp_path / "report" / "metrics.jsonl"
+    # a step takes 0.2-0.5 s here, and the driver's Ray wait runs the Ctrl-C handler up to ~1 s late:
+    # on a loaded machine a free-running 8-step run reached its end first (CI, two test workers). The
+    # rewards after step 3 wait for the handler's STOP file, so the interrupt lands at a known step.
+    hold = {"metrics": str(metrics), "after_steps": 3, "until": [str(tmp_path / "ckpt" / n) for n in ("STOP", "STOPPED")]}
+    env = {**ENV, "AVSPO_TEST_HOLD": json.dumps(hold)}
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None:
         rows, _ = read_metrics(str(metrics))
         if len(rows) >= 3:
             break
-        time.sleep(0.2)  # a step takes 0.2-0.5 s: a slow poll would leave no steps to interrupt
+        time.sleep(0.2)
     assert proc.poll() is None, f"the run ended before it could be interrupted: {log_path.read_text()[-3000:]}"
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal reaches the whole process group
     try:
@@ -299,7 +305,7 @@ def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
         pytest.fail("Ctrl-C did not stop the run")
     assert code == 130  # stopped cleanly after a checkpoint
     killed_at = max(r["step"] for r in read_metrics(str(metrics))[0])
-    assert killed_at < 8
+    assert 3 <= killed_at < 8  # held after step 3; the generator runs at most a batch or two ahead
     assert (tmp_path / "ckpt" / "_actor" / f"global_step{killed_at}").exists()  # the checkpoint of the last step
     assert not (tmp_path / "final").exists()  # an interrupted run resumes instead of publishing a final model
 
