@@ -285,7 +285,11 @@ def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
     # a step takes 0.2-0.5 s here, and the driver's Ray wait runs the Ctrl-C handler up to ~1 s late:
     # on a loaded machine a free-running 8-step run reached its end first (CI, two test workers). The
     # rewards after step 3 wait for the handler's STOP file, so the interrupt lands at a known step.
-    hold = {"metrics": str(metrics), "after_steps": 3, "until": [str(tmp_path / "ckpt" / n) for n in ("STOP", "STOPPED")]}
+    hold = {
+        "metrics": str(metrics),
+        "after_steps": 3,
+        "until": [str(tmp_path / "ckpt" / n) for n in ("STOP", "STOPPED")],
+    }
     env = {**ENV, "AVSPO_TEST_HOLD": json.dumps(hold)}
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True)
