@@ -13,6 +13,7 @@ from orl import make_maker, parse, rollout_samples
 pytest.importorskip("deepspeed")
 pytest.importorskip("openrlhf")
 
+from deepspeed import DeepSpeedEngine  # noqa: E402
 from openrlhf.trainer.ray.ppo_actor import PolicyModelActor  # noqa: E402
 
 from avspo_openrlhf.cpu.strategy import cpu_strategy  # noqa: E402
@@ -75,9 +76,32 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         assert (exps[0].advantages[:4][exps[0].action_mask[:4]] > 0).all()  # all-right group pushed up
 
         before = {k: v.detach().float().clone() for k, v in actor.actor.model.named_parameters()}
+        if zero_stage == 0:  # DeepSpeed's all-reduce forced back on, for the update it must equal
+            twin = _actor(args, model, _port())
+            assert actor.actor.model.enable_backward_allreduce is False  # cpu/strategy.py: a world of one
+            twin.actor.model.enable_backward_allreduce = True
+            for e in copy.deepcopy(exps):
+                twin.append(e)
+        calls, reduce = [], DeepSpeedEngine.allreduce_gradients
+
+        def counted(engine, *a, **k):
+            calls.append(engine)
+            return reduce(engine, *a, **k)
+
+        monkeypatch.setattr(DeepSpeedEngine, "allreduce_gradients", counted)
+        if zero_stage == 0:
+            torch.manual_seed(0)  # ppo_train shuffles the micro-batches: the same order for both
+            twin.fit(kl_ctl=0.01)
+            assert calls and set(calls) == {twin.actor.model}  # the attribute decides whether DeepSpeed all-reduces
+            calls.clear()
         for e in exps:
             actor.append(e)
+        torch.manual_seed(0)
         status = actor.fit(kl_ctl=0.01)
+        if zero_stage == 0:
+            assert calls == []
+            for (name, p), q in zip(actor.actor.model.named_parameters(), twin.actor.model.parameters()):
+                assert torch.equal(p, q), name  # bit for bit the update of the all-reduced gradient
         for key in ("policy_loss", "kl", "ppo_clip_ratio", "entropy_loss", "actor_grad_norm"):
             assert key in status and torch.isfinite(torch.tensor(float(status[key]))), key
         changed = sum(not torch.equal(before[k], v.detach().float()) for k, v in actor.actor.model.named_parameters())
