@@ -180,7 +180,7 @@ def test_smoke_config_trains_and_every_interruption_resumes_exactly(slurm, tmp_p
     env = _env(tmp_path)
     # A trained step takes 0.2-0.5 s here and an interruption reaches the trainer 1-2 s after the
     # signal, so the run needs steps to spare after each one: 40 (4 prompts a step, one epoch; the two
-    # stops came at steps 4 and 7 on an idle machine, later beside a second test worker).
+    # stops came at steps 4 and 7 on an idle machine, and a second test worker beside it makes them later).
     n = 40
     train_flags = (*_tiny(tmp_path, 4 * n), "--run.max_steps", str(n))
     # --no-check: submit.sh's check (avspo-train --dry-run) has its own tests (test_launch.py); here it
