@@ -19,7 +19,8 @@ if ! "$VENV/bin/python" -c "import xdist" 2>/dev/null; then
   echo "run_tests.sh: pytest-xdist is missing from $VENV: bash setup.sh (or pip install -r requirements.txt) installs it" >&2
   exit 1
 fi
-"$VENV/bin/python" -m pytest -n "${AVSPO_TEST_WORKERS:-2}" --dist loadscope "$@"
+# --durations=10: every run (CI's too) ends with its ten slowest tests, where the suite's time goes
+"$VENV/bin/python" -m pytest -n "${AVSPO_TEST_WORKERS:-2}" --dist loadscope --durations=10 "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "run_tests.sh: pytest collected no tests; failing" >&2

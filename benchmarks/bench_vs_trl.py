@@ -13,13 +13,16 @@ checkpoints for either side:
 
 Each side runs in a fresh process timed from its start: **start-up** (process start to the first
 step's generation), **first step logged**, **steady step** (median interval between steps 2..N)
-and the **training stage** (process start to the last step logged); then the held-out gain of
+and the **training stage** (process start to the last step logged). ``--repeats N`` runs each side
+N times, alternating (ours in each mode, then TRL; again), and reports each timing's median: the
+machine's load drifts over minutes, and alternating lets the drift reach both sides alike. Then the
+held-out gain of
 each with the quickstart's evaluation (90 problems x 2, paired 95 % bootstrap interval) and the
 paired difference of the two trained models. Writes ``bench_vs_trl.md`` / ``.json`` to
 ``--results`` (docs/cpu.md includes the markdown) and the logs and models under ``--out``.
 Skips TRL, with a note, when it is not installed (``pip install -e .[trl]``).
 
-    python benchmarks/bench_vs_trl.py [--modes sync,async] [--seed 0] [--skip-eval] [--only ours|trl] [-- flags]
+    python benchmarks/bench_vs_trl.py [--modes sync,async] [--repeats 1] [--seed 0] [--skip-eval] [--only ours|trl] [-- flags]
 
 ``results/`` here holds the committed table; the TRL side runs in its own process, this file with
 ``--trl-worker SPEC``."""
@@ -231,6 +234,23 @@ ROWS = [
     ("steady_step_s", "steady step (median, steps 2..N)"),
     ("training_stage_s", "training stage (process start → last step logged)"),
 ]
+TIMINGS = tuple(key for key, _ in ROWS)
+
+
+def median_runs(runs: list[dict]) -> dict:
+    """One side's runs as one: each timing of the table, and each phase of our step, the median over
+    the runs; every run's timings and loads kept under ``runs``; the rest (the trained model the
+    evaluation scores, the flags) the last run's. One run is returned as it is."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {**runs[-1], "runs": [{k: r[k] for k in (*TIMINGS, "load_before", "load_after")} for r in runs]}
+    out.update({k: statistics.median(r[k] for r in runs) for k in TIMINGS})
+    if "phases_median_s" in runs[-1]:
+        out["phases_median_s"] = {
+            k: statistics.median(r["phases_median_s"][k] for r in runs if k in r["phases_median_s"])
+            for k in runs[-1]["phases_median_s"]
+        }
+    return out
 
 
 def _brief(side: dict) -> str:
@@ -261,7 +281,17 @@ def report(res: dict) -> str:
         cells += [f"ours − TRL: {_gain(gains.get(f'{m}_minus_trl'))}" for m in modes if trl]
         lines.append("| held-out gain, points [95 %] | " + " | ".join(cells) + " |")
     runs = [(f"ours {m}", ours[m]) for m in modes] + ([("TRL", trl)] if trl else [])
-    load = "; ".join(f"{side} {r['load_before']} → {r['load_after']}" for side, r in runs)
+    load = "; ".join(
+        f"{side} " + ", ".join(f"{x['load_before']} → {x['load_after']}" for x in r.get("runs", [r]))
+        for side, r in runs
+    )
+    if res.get("repeats", 1) > 1:
+        order = ", ".join([f"ours {m}" for m in modes] + (["TRL"] if trl else []))
+        lines += [
+            "",
+            f"Each side ran {res['repeats']} times, alternating ({order}; then again): each time above is the "
+            "median of its runs, each ratio the ratio of the medians.",
+        ]
     lines += ["", f"1-minute load average before → after each run ({res['cpu'].split(', ')[1]}): {load}."]
     for m in modes:
         ph = ours[m]["phases_median_s"]
@@ -308,12 +338,21 @@ def main(argv: list[str] | None = None, results: str | Path = HERE / "results", 
         help="our rollout modes, comma-separated (sync,async: both, one after the other); default: the "
         "quickstart's for this machine",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each side, alternating ours and TRL; the table reports each timing's median (the "
+        "held-out evaluation scores the last run's models)",
+    )
     p.add_argument("--skip-eval", action="store_true", help="timings only (no held-out evaluation)")
     p.add_argument("extra", nargs="*", help="after '--': more avspo-train flags for our side")
     args = p.parse_args(argv)
     modes = args.modes.split(",")
     if bad := [m for m in modes if m not in ("sync", "async")]:
         p.error(f"--modes: {', '.join(bad)}: expected sync and/or async")
+    if args.repeats < 1:
+        p.error(f"--repeats: {args.repeats}: expected 1 or more runs of each side")
     from avspo_openrlhf.cpu.models import prepare
 
     out = Path(args.out)
@@ -328,21 +367,27 @@ def main(argv: list[str] | None = None, results: str | Path = HERE / "results", 
         "seed": args.seed,
         "default_mode": default_rollout_mode(),
         "label": f"ours {'GRPO' if args.grpo else 'GRPO + AVSPO'}, TRL GRPO",
+        "repeats": args.repeats,
         "ours": {},
     }
-    if args.only != "trl":
-        for m in modes:
-            print(f"[bench] ours, {m}: avspo-train --backend cpu", flush=True)
-            res["ours"][m] = run_ours(qargs[m], model, train, out / f"ours_{m}")
-            print(f"[bench] ours, {m}: {_brief(res['ours'][m])}", flush=True)
-    if args.only != "ours":
-        if importlib.util.find_spec("trl") is not None:
-            print("[bench] TRL: GRPOTrainer", flush=True)
-            res["trl"] = run_trl(first, model, train, out / "trl")
-            print(f"[bench] TRL: {_brief(res['trl'])}", flush=True)
-        else:
-            res["trl_note"] = "TRL is not installed (`pip install -e .[trl]`): its side was skipped."
-            print(f"[bench] {res['trl_note']}")
+    with_trl = args.only != "ours" and importlib.util.find_spec("trl") is not None
+    if args.only != "ours" and not with_trl:
+        res["trl_note"] = "TRL is not installed (`pip install -e .[trl]`): its side was skipped."
+        print(f"[bench] {res['trl_note']}")
+    runs: dict[str, list[dict]] = {}
+    for r in range(args.repeats):
+        of = f" (run {r + 1} of {args.repeats})" if args.repeats > 1 else ""
+        for m in modes if args.only != "trl" else []:
+            print(f"[bench] ours, {m}{of}: avspo-train --backend cpu", flush=True)
+            runs.setdefault(m, []).append(run_ours(qargs[m], model, train, out / f"ours_{m}"))
+            print(f"[bench] ours, {m}{of}: {_brief(runs[m][-1])}", flush=True)
+        if with_trl:
+            print(f"[bench] TRL{of}: GRPOTrainer", flush=True)
+            runs.setdefault("trl", []).append(run_trl(first, model, train, out / "trl"))
+            print(f"[bench] TRL{of}: {_brief(runs['trl'][-1])}", flush=True)
+    res["ours"] = {m: median_runs(runs[m]) for m in modes if m in runs}
+    if "trl" in runs:
+        res["trl"] = median_runs(runs["trl"])
     if not args.skip_eval:
         from avspo_openrlhf.stats import bootstrap_gain
 

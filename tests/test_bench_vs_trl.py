@@ -65,10 +65,46 @@ def test_the_table_has_a_column_and_a_ratio_to_trl_per_mode():
     assert "not run" in vs_trl.report(res) and "/ TRL" not in vs_trl.report(res)
 
 
+def test_repeated_runs_report_each_timings_median_and_every_runs_load():
+    def run(stage, load):
+        return {
+            "startup_s": stage / 5,
+            "first_step_logged_s": stage / 3,
+            "steady_step_s": stage / 10,
+            "training_stage_s": stage,
+            "steps": 8,
+            "phases_median_s": {"ppo_train": stage / 20},
+            "load_before": load,
+            "load_after": load + 1,
+            "final": f"final{stage}",
+        }
+
+    ours = vs_trl.median_runs([run(150.0, 0.5), run(120.0, 1.0), run(130.0, 2.0)])
+    assert (
+        ours["training_stage_s"] == 130.0
+        and ours["startup_s"] == 26.0
+        and ours["phases_median_s"] == {"ppo_train": 6.5}
+    )
+    assert ours["final"] == "final130.0"  # the evaluation scores the last run's model
+    assert [r["training_stage_s"] for r in ours["runs"]] == [150.0, 120.0, 130.0]
+    assert vs_trl.median_runs([run(100.0, 0.1)]) == run(100.0, 0.1)  # one run: as it is
+    trl = vs_trl.median_runs([run(100.0, 0.3), run(110.0, 0.4), run(90.0, 0.2)])
+    res = {"cpu": "Intel Xeon, 2 cores, native bf16", "precision": "fp32", "seed": 0, "default_mode": "sync",
+           "label": "ours GRPO + AVSPO, TRL GRPO", "repeats": 3, "ours": {"sync": ours}, "trl": trl}  # fmt: skip
+    text = vs_trl.report(res)
+    assert "| training stage (process start → last step logged) | 130.0 s | 100.0 s | **1.30×** |" in text
+    assert "Each side ran 3 times, alternating (ours sync, TRL; then again)" in text
+    assert "ours sync 0.5 → 1.5, 1.0 → 2.0, 2.0 → 3.0; TRL 0.3 → 1.3, 0.4 → 1.4, 0.2 → 1.2." in text
+    assert json.loads(json.dumps(res)) == res  # the committed json holds every run
+
+
 def test_modes_are_checked(capsys):
     with pytest.raises(SystemExit):
         vs_trl.main(["--modes", "sync,fast", "--only", "ours"])
     assert "--modes: fast: expected sync and/or async" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        vs_trl.main(["--repeats", "0", "--only", "ours"])
+    assert "--repeats: 0: expected 1 or more runs of each side" in capsys.readouterr().err
 
 
 def test_the_committed_results_name_no_machines_folders(tmp_path):

@@ -115,7 +115,9 @@ def test_sbatch_starts_head_and_workers_waits_trains_and_tears_down(tmp_path, no
     head = [c for c in starts if "--head" in c]
     assert len(head) == 1 and "node=gpu0]" in head[0]
     ip = _host_ip()
-    base = 10000 + (31337 % 88) * 256  # ports from the job id, below the ephemeral range
+    # ports from the job id, above a plain `ray start`'s worker ports, below the ephemeral range
+    base = 20000 + (31337 % 49) * 256
+    assert base + 255 < 32768
     assert f"--port={base}" in head[0] and "--include-dashboard=false" in head[0]
     for c in starts:  # SLURM's counts, the job's port block, --block, the chosen IP, token auth
         assert "--num-gpus=8" in c and "--num-cpus=32" in c and "--block" in c and f"--node-ip-address={ip}" in c

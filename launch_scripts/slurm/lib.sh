@@ -139,11 +139,12 @@ avspo_node_ip() {
 }
 
 # Ray's ports for one job: a block of 256 ports from the job id, so two jobs sharing a node never
-# collide (ray#10154), all below Linux's ephemeral range (32768-60999), where any outgoing connection
-# may hold a port. AVSPO_PORT_BASE overrides the block.
+# collide (ray#10154), all between 20000 and Linux's ephemeral range (32768-60999, where any outgoing
+# connection may hold a port): a plain `ray start` on the node (anyone's, or a test's) gives its
+# workers 10002-19999, and one of them held a job's metrics port once. AVSPO_PORT_BASE overrides the block.
 avspo_port_base() {
   local job=${1//[!0-9]/}
-  printf '%s\n' "${AVSPO_PORT_BASE:-$((10000 + (${job:-0} % 88) * 256))}"
+  printf '%s\n' "${AVSPO_PORT_BASE:-$((20000 + (${job:-0} % 49) * 256))}"
 }
 
 # `ray start` flags that place every Ray port inside the job's block.
