@@ -16,9 +16,8 @@ step's generation), **first step logged**, **steady step** (median interval betw
 and the **training stage** (process start to the last step logged). ``--repeats N`` runs each side
 N times, alternating (ours in each mode, then TRL; again), and reports each timing's median: the
 machine's load drifts over minutes, and alternating lets the drift reach both sides alike. Then the
-held-out gain of
-each with the quickstart's evaluation (90 problems x 2, paired 95 % bootstrap interval) and the
-paired difference of the two trained models. Writes ``bench_vs_trl.md`` / ``.json`` to
+held-out gain of each with the quickstart's evaluation (90 problems x 2, paired 95 % bootstrap
+interval) and the paired difference of the two trained models. Writes ``bench_vs_trl.md`` / ``.json`` to
 ``--results`` (docs/cpu.md includes the markdown) and the logs and models under ``--out``.
 Skips TRL, with a note, when it is not installed (``pip install -e .[trl]``).
 
