@@ -76,20 +76,19 @@ def test_ppo_train_on_cpu_deepspeed_with_avspo_and_checkpointed_state(tmp_path, 
         assert (exps[0].advantages[:4][exps[0].action_mask[:4]] > 0).all()  # all-right group pushed up
 
         before = {k: v.detach().float().clone() for k, v in actor.actor.model.named_parameters()}
-        if zero_stage == 0:  # DeepSpeed's all-reduce forced back on, for the update it must equal
+        calls, reduce = [], DeepSpeedEngine.allreduce_gradients
+        if zero_stage == 0:  # a world of one skips DeepSpeed's gradient all-reduce (cpu/strategy.py)
+            assert actor.actor.model.enable_backward_allreduce is False
             twin = _actor(args, model, _port())
-            assert actor.actor.model.enable_backward_allreduce is False  # cpu/strategy.py: a world of one
-            twin.actor.model.enable_backward_allreduce = True
+            twin.actor.model.enable_backward_allreduce = True  # forced back on: the update ours must equal
             for e in copy.deepcopy(exps):
                 twin.append(e)
-        calls, reduce = [], DeepSpeedEngine.allreduce_gradients
 
-        def counted(engine, *a, **k):
-            calls.append(engine)
-            return reduce(engine, *a, **k)
+            def counted(engine, *a, **k):
+                calls.append(engine)
+                return reduce(engine, *a, **k)
 
-        monkeypatch.setattr(DeepSpeedEngine, "allreduce_gradients", counted)
-        if zero_stage == 0:
+            monkeypatch.setattr(DeepSpeedEngine, "allreduce_gradients", counted)
             torch.manual_seed(0)  # ppo_train shuffles the micro-batches: the same order for both
             twin.fit(kl_ctl=0.01)
             assert calls and set(calls) == {twin.actor.model}  # the attribute decides whether DeepSpeed all-reduces

@@ -217,7 +217,7 @@ def train_flags(args, model: str, train: str, out: Path, heldout: str | None = N
         str(args.group_size * args.prompts_per_step),
         # the step's 16 responses in one forward/backward, as TRL's GRPOTrainer takes them: the loss's
         # token mean over the whole batch, and the steady step 14.1 -> 12.4 s (bench_vs_trl.py, SmolLM2,
-        # fp32, 2-core Intel Xeon with AVX-512); larger steps accumulate micro-batches of at most 16
+        # fp32, 2-core Intel Xeon with AVX-512 and native bf16); larger steps accumulate micro-batches of at most 16
         "--train.micro_batch_size",
         str(math.gcd(16, args.group_size * args.prompts_per_step)),
         "--rollout.max_new_tokens",
@@ -236,7 +236,7 @@ def train_flags(args, model: str, train: str, out: Path, heldout: str | None = N
         "5",
         # ZeRO-0: one DeepSpeed process, so ZeRO-2's partitioning only copies gradients into flat
         # buffers and back; the same AdamW update, the steady step 17.2 -> 14.1 s (bench_vs_trl.py,
-        # SmolLM2, fp32, 2-core Intel Xeon with AVX-512)
+        # SmolLM2, fp32, 2-core Intel Xeon with AVX-512 and native bf16)
         "--ds.zero_stage",
         "0",
         "--train.seed",

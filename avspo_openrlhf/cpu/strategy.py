@@ -33,7 +33,7 @@ class CPUStrategy(CrashSafeStrategy):
         """OpenRLHF's ``prepare``; then a training engine that is the whole data-parallel world at
         ZeRO-0 skips its gradient all-reduce. DeepSpeed still ran it there: every gradient flattened
         into buckets, all-reduced over gloo with itself and copied back, 0.23 s of a 6.6 s step of
-        SmolLM2's 16 responses (fp32, 2-core Intel Xeon). The engine skips it when
+        SmolLM2's 16 responses (fp32, 2-core Intel Xeon, AVX-512, native bf16). The engine skips it when
         ``enable_backward_allreduce`` is off, as it does without a data-parallel backend; the summed
         gradient of one process is the gradient, so the update is bit for bit the same
         (``tests/test_deepspeed_ppo.py`` guards both)."""
@@ -41,11 +41,14 @@ class CPUStrategy(CrashSafeStrategy):
 
         out = super().prepare(*args)
         for item in out if len(args) > 1 else [out]:  # one arg: its result alone
-            model = item[0] if isinstance(item, tuple) else item
-            engine = getattr(model, "model", model)
-            if isinstance(engine, DeepSpeedEngine) and engine.zero_optimization_stage() == 0:
-                if engine.dp_world_size == 1:
-                    engine.enable_backward_allreduce = False
+            model = item[0] if isinstance(item, tuple) else item  # (model, optimizer, scheduler) when trained
+            engine = getattr(model, "model", model)  # an Actor holds its engine
+            if (
+                isinstance(engine, DeepSpeedEngine)
+                and engine.zero_optimization_stage() == 0
+                and engine.dp_world_size == 1
+            ):
+                engine.enable_backward_allreduce = False
         return out
 
     def setup_distributed(self, *args, **kwargs) -> None:
