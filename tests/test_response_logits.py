@@ -54,6 +54,25 @@ def test_log_probs_entropies_logits_and_gradients_equal_openrlhfs(tmp_path):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), name
 
 
+def test_the_monitors_entropy_carries_no_graph(tmp_path):
+    """With no entropy term in the loss (``--actor.entropy_coef`` 0 or unset: the entropy monitor's),
+    the entropies come without autograd, equal, and the log-probs' gradients are unchanged."""
+    from avspo_openrlhf.trainer.response_logits import use_response_logits
+
+    plain, graphless = _actors(tmp_path)
+    assert use_response_logits(plain) and use_response_logits(graphless, entropy_grad=False)
+    seq, action_mask, attention_mask = _batch()
+    with torch.compiler.set_stance("force_eager"):
+        got, got_out = graphless(seq, action_mask, attention_mask, return_output=True, return_entropy=True)
+        want, want_out = plain(seq, action_mask, attention_mask, return_output=True, return_entropy=True)
+    assert want_out.entropy.requires_grad and not got_out.entropy.requires_grad
+    assert torch.equal(got_out.entropy, want_out.entropy.detach()) and torch.equal(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    for p, q in zip(graphless.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+
+
 def test_rl_zvps_entropies_through_the_response_only_forward(tmp_path):
     from avspo_openrlhf.trainer.response_logits import use_response_logits
     from avspo_openrlhf.trainer.token_level import log_probs_and_entropy

@@ -6,8 +6,8 @@ subclasses), the experience maker, ``RayActorGroup``, ``PolicyModelActor``/``Act
 async trainers, checkpoints. Added here, and only here:
 
 - :class:`CPUEngine` (``engine.py``): a rollout actor with ``RolloutRayActor``'s interface (its own
-  ``generate_responses`` and agent executor run) whose engine is an in-process ``vllm.LLM`` on CPU;
-  concurrent ``generate`` calls are batched into one ``LLM.generate``.
+  ``generate_responses`` and agent executor run) whose engine is an in-process ``vllm.LLM`` on CPU,
+  batching continuously: a ``generate`` call that arrives during a generation joins its batch.
 - :class:`CPUPolicyModelActor`: weight sync by ``reload_weights`` on the engine instead of NCCL.
 - ``--cpu.engine_cores`` / ``--cpu.train_cores`` (``cores.py``): the engine and the DeepSpeed actors
   on disjoint cores, each pinned from inside its own process and read back.
@@ -190,7 +190,9 @@ class CPUPolicyModelActor(
         if not self.cpu_engines or torch.distributed.get_rank() != 0:
             return
         model = self.actor.model.module if hasattr(self.actor.model, "module") else self.actor.model
-        state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        # ray.put copies the weights into the object store once, for every engine (no copy of our own
+        # first: the next optimizer step cannot reach them there)
+        state = ray.put({k: v.detach() for k, v in model.state_dict().items()})
         self.sync_count += 1
         ray.get([e.load_weights.remote(state, self.sync_count) for e in self.cpu_engines])
 

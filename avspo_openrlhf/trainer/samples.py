@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from avspo_openrlhf.algo import dynamic_sampling_keep_mask, prompt_key
 
+from .engine_tokenizer import send_once
 from .run_settings import build_greso, settings
 
 
@@ -158,6 +159,7 @@ class RemedySamplesGenerator(SamplesGenerator):
 
     def __init__(self, *args, version_fn=None, requeue_fn=None, stop_fn=None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.tokenizer = send_once(self.tokenizer, self.vllm_engines)  # OpenRLHF sends it with every prompt
         self.cfg = settings(self.args)  # our flag groups, typed
         self.version_fn = version_fn or (lambda: 0)
         self.requeue_fn = requeue_fn
