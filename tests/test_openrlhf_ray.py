@@ -121,8 +121,9 @@ def test_tokenizer_by_key_pickles_as_its_key():
 
 @pytest.mark.slow
 def test_an_engine_that_holds_the_tokenizer_gets_it_once(local_ray):
-    """The generator gives the tokenizer to an engine with ``HoldsTokenizer`` once; every prompt's call
-    then carries its key, and the engine's executor tokenizes and decodes with the held copy."""
+    """The generator gives the tokenizer to an engine with ``HoldsTokenizer`` once, at its first
+    generation (the trainer's construction does not wait for the engines); every prompt's call then
+    carries its key, and the engine's executor tokenizes and decodes with the held copy."""
     import pickle
 
     from avspo_openrlhf.trainer.engine_tokenizer import HoldsTokenizer, TokenizerByKey
@@ -131,8 +132,8 @@ def test_an_engine_that_holds_the_tokenizer_gets_it_once(local_ray):
     engine = ray.remote(num_cpus=0)(holding).remote(local_ray, REWARD_FILE, SCRIPT)
     args = parse("--rollout.n_samples_per_prompt", "2", "--rollout.batch_size", "3")
     gen = RemedySamplesGenerator(NS(args=args), _prompts(3), None, _tokenizer(local_ray), [engine])
-    assert isinstance(gen.tokenizer, TokenizerByKey) and len(pickle.dumps(gen.tokenizer)) < 200
     samples, *_ = gen.generate_samples(max_new_tokens=16, max_len=64, temperature=1.0)
+    assert isinstance(gen.tokenizer, TokenizerByKey) and len(pickle.dumps(gen.tokenizer)) < 200
     rewards = {p: sorted(s.rewards.item() for s in samples if s.prompts[0] == p) for p in ("q0", "q1", "q2")}
     assert rewards == {"q0": [1.0, 1.0], "q1": [0.0, 0.0], "q2": [0.0, 1.0]}
 

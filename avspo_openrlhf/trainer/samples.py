@@ -159,7 +159,7 @@ class RemedySamplesGenerator(SamplesGenerator):
 
     def __init__(self, *args, version_fn=None, requeue_fn=None, stop_fn=None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.tokenizer = send_once(self.tokenizer, self.vllm_engines)  # OpenRLHF sends it with every prompt
+        self._tokenizer_sent = False
         self.cfg = settings(self.args)  # our flag groups, typed
         self.version_fn = version_fn or (lambda: 0)
         self.requeue_fn = requeue_fn
@@ -258,6 +258,8 @@ class RemedySamplesGenerator(SamplesGenerator):
         return samples
 
     def _generate_vllm(self, dataloader_iter, num_prompts: int, dynamic_filtering, **generate_kwargs):
+        if not self._tokenizer_sent:  # OpenRLHF sends it with every prompt; the engines are up by now
+            self.tokenizer, self._tokenizer_sent = send_once(self.tokenizer, self.vllm_engines), True
         self._version = int(self.version_fn())
         training = self._training_call and not self._auditing
         if training:
