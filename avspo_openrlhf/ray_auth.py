@@ -1,7 +1,7 @@
 """Ray closed to the network: token authentication for every Ray cluster ``avspo-train`` starts,
 and the environment that keeps a single-machine run's sockets on loopback (docs/security.md).
 
-Two walls. A single-machine run listens on loopback only (``cpu/backend.init_ray`` for Ray's
+Two walls. A single-machine run listens on loopback only (``cpu/ray_start.init_ray`` for Ray's
 servers, :func:`loopback_env` for gloo's and vLLM's); but loopback is open to every local user, and
 without authentication Ray's job agent runs any entrypoint POSTed to it, as the trainer's user
 (seen: a job POSTed by another local user ran). Ray >= 2.52 refuses every caller without the

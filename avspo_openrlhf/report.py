@@ -76,24 +76,42 @@ def _wandb_config(args) -> dict:
     return plain(redact(args))
 
 
+def _wandb_init(args, run_dir: str | None):
+    import wandb
+
+    return wandb.init(
+        project=args.logger.wandb.project or "avspo",
+        name=args.logger.wandb.run_name,
+        mode=os.environ.get("WANDB_MODE") or ("online" if wandb.api.api_key else "offline"),
+        dir=run_dir,
+        config=_wandb_config(args),
+        reinit=True,
+    )
+
+
 class WandbAutoLogger:
     """wandb without an API key flag: online when logged in, otherwise offline (``wandb sync`` later)."""
+
+    _early: dict = {}  # run folder -> the wandb run start_early began there, for the trainer to take
 
     def __init__(self, args, run_dir: str | None):
         import wandb
 
-        mode = os.environ.get("WANDB_MODE") or ("online" if wandb.api.api_key else "offline")
         self.handle = wandb
-        self.run = wandb.init(
-            project=args.logger.wandb.project or "avspo",
-            name=args.logger.wandb.run_name,
-            mode=mode,
-            dir=run_dir,
-            config=_wandb_config(args),
-            reinit=True,
-        )
+        self.run = self._early.pop(run_dir, None)
+        if self.run is None:
+            self.run = _wandb_init(args, run_dir)
+        else:  # the trainer's copy of the args, as a run started here records them
+            self.run.config.update(_wandb_config(args), allow_val_change=True)
         wandb.define_metric("train/global_step")
         wandb.define_metric("train/*", step_metric="train/global_step", step_sync=True)
+
+    @classmethod
+    def start_early(cls, args, run_dir: str | None) -> None:
+        """``wandb.init`` now, for the trainer built later in this process to take (about 2.4 s of CPU
+        with its service process, 2-core Xeon): the CPU driver runs it while Ray starts rather than
+        beside the engine's and the policy's start (``cpu/backend.py``)."""
+        cls._early[run_dir] = _wandb_init(args, run_dir)
 
     def log_train(self, global_step, logs):
         self.handle.log({f"train/{k}": v for k, v in {**_floats(logs), "global_step": global_step}.items()})

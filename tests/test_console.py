@@ -164,9 +164,9 @@ def test_avspo_train_quiet_only_on_a_terminal_unless_asked(monkeypatch, tmp_path
 def test_deepspeed_ops_live_in_the_environment(monkeypatch, tmp_path):
     """Keyed by the environment (two checkouts never share a folder), handed to Ray's workers."""
     from avspo_openrlhf.cpu import ops
-    from avspo_openrlhf.cpu.backend import CPU_ENV
+    from avspo_openrlhf.cpu.ray_start import CPU_ENV
 
-    preset = os.environ.get("TORCH_EXTENSIONS_DIR")  # when backend.py was imported
+    preset = os.environ.get("TORCH_EXTENSIONS_DIR")  # when ray_start.py was imported
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
     if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
         assert ops.extensions_dir() == os.path.join(sys.prefix, "torch_extensions")

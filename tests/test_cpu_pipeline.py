@@ -81,7 +81,7 @@ def _check_metrics(rows):
 
 
 def test_sync_run_end_to_end(assets, tmp_path):
-    flags = _flags(assets, tmp_path)
+    flags = _flags(assets, tmp_path, "--report.wandb")
     flags[flags.index("--reward.remote_url") + 1] = str(FIXTURES / "hanging_reward.py")  # the timeouts below
     log = _train(flags)
     rows, _ = read_metrics(str(tmp_path / "report" / "metrics.jsonl"))
@@ -102,8 +102,13 @@ def test_sync_run_end_to_end(assets, tmp_path):
     driver = [s for s in startup["spans"] if s["where"] == "driver"]
     assert driver[0]["start_s"] == 0.0 and all(a["end_s"] == b["start_s"] for a, b in zip(driver, driver[1:]))
     # (sync: OpenRLHF's trainer is built in the driver, a phase of its own there, not a process)
-    assert {s["where"] for s in startup["spans"]} == {"driver", "engine 0", "policy actor"}
+    assert {s["where"] for s in startup["spans"]} == {"driver", "engine 0", "policy actor", "Ray start"}
     assert any(s["phase"].startswith("the trainer (") for s in driver)
+    # Ray starts once the input is checked, beside the driver's step count and wandb's run
+    ray_start = next(s for s in startup["spans"] if s["where"] == "Ray start")
+    phases = {s["phase"].split(" (")[0]: s for s in driver}
+    assert phases["preflight"]["end_s"] <= ray_start["start_s"] < phases["step count"]["end_s"]
+    assert "wandb's run" in phases and len(list((tmp_path / "report" / "wandb").glob("offline-run-*"))) == 1
     assert startup["process_start"] + startup["total_s"] <= rows[0]["timeline/gen_start"]
     assert re.search(r"\[avspo\] start-up [\d.]+ s: interpreter and our imports", log)
     # weights and optimizer state are not readable by other users (the run's umask drops o-rwx)
@@ -120,7 +125,8 @@ def test_engine_reload_serves_the_new_weights(assets, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from avspo_openrlhf.cpu.backend import CPUEngine, init_ray
+    from avspo_openrlhf.cpu.backend import CPUEngine
+    from avspo_openrlhf.cpu.ray_start import init_ray
 
     init_ray()
     try:
@@ -165,7 +171,8 @@ def test_engine_batches_continuously(assets):
     vLLM refuses fails alone; the engine goes on serving."""
     import ray
 
-    from avspo_openrlhf.cpu.backend import CPUEngine, init_ray
+    from avspo_openrlhf.cpu.backend import CPUEngine
+    from avspo_openrlhf.cpu.ray_start import init_ray
 
     init_ray()
     try:
@@ -213,8 +220,9 @@ def test_a_small_update_survives_the_sync_in_the_default_precision(assets):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from avspo_openrlhf.cli.quickstart import build_parser
-    from avspo_openrlhf.cpu.backend import CPUEngine, init_ray
+    from avspo_openrlhf.cpu.backend import CPUEngine
     from avspo_openrlhf.cpu.dtype import resolve_cpu_dtype
+    from avspo_openrlhf.cpu.ray_start import init_ray
 
     dtype = resolve_cpu_dtype(build_parser().parse_args([]).dtype, model=assets["model"])  # the default's
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]

@@ -95,7 +95,7 @@ PROBE = textwrap.dedent(
     from avspo_openrlhf.cpu.compat import install_gpu_module_stubs
     install_gpu_module_stubs()
     import ray
-    from avspo_openrlhf.cpu.backend import init_ray
+    from avspo_openrlhf.cpu.ray_start import init_ray
     init_ray()
     ray.get(ray.remote(lambda: 1).remote())
     time.sleep(3)  # the reaper has seen every process

@@ -1,12 +1,22 @@
 """The start-up timeline (avspo_openrlhf/startup.py): the driver's phases follow one another from
 the process's start, another process's phase is a span of its own, a later run in the same process
-counts from its own start; the collector paused for the start-up and given back (startup_gc.py). The
-timeline of a real run is checked in tests/test_cpu_pipeline.py."""
+counts from its own start; the collector paused for the start-up and given back (startup_gc.py); Ray
+started in a thread of its own once the input is checked (cpu/ray_start.py); wandb's run started early.
+The timeline of a real run is checked in tests/test_cpu_pipeline.py."""
 
 import json
+import logging
+import os
+import threading
 import time
+import warnings
+from pathlib import Path
+
+import pytest
 
 from avspo_openrlhf.startup import StartupTimeline, process_start_time
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def test_driver_phases_tile_the_time_from_the_process_start():
@@ -100,3 +110,130 @@ def test_the_imports_are_frozen_out_of_the_collectors_sight():
         assert not any(o is startup_gc.freeze_imports for o in gc.get_objects())
     finally:
         gc.unfreeze()
+
+
+# ── Ray started in a thread of its own (cpu/ray_start.py) ──
+
+
+class FakeRay:
+    """``ray_start``'s view of Ray: up once ``_start`` ran, down after ``shutdown``."""
+
+    def __init__(self, monkeypatch, start):
+        from avspo_openrlhf.cpu import ray_start
+
+        self.up, self.shutdowns, self.started = False, 0, threading.Event()
+
+        def fake_start(env):
+            start(env)
+            self.up = True
+            self.started.set()
+
+        monkeypatch.setattr(os, "environ", dict(os.environ))  # the workers' defaults set in this process stay here
+        monkeypatch.setattr(ray_start, "_start", fake_start)
+        monkeypatch.setattr(ray_start.ray, "is_initialized", lambda: self.up)
+        monkeypatch.setattr(ray_start.ray, "shutdown", self.shutdown)
+
+    def shutdown(self):
+        self.up, self.shutdowns = False, self.shutdowns + 1
+
+
+def test_ray_starts_in_a_thread_that_lives_until_closed_and_holds_its_output_until_waited(monkeypatch):
+    """What Ray logs and warns from the starter thread reaches the handlers only at ``wait()`` (inside
+    the driver's console); other threads' lines pass at once. The thread outlives ``wait()``: Ray's GCS
+    and raylet are killed when the thread that forked them ends (PR_SET_PDEATHSIG). ``close()`` shuts
+    Ray down, then lets the thread end."""
+    from avspo_openrlhf.cpu.ray_start import RayStart
+
+    lines, shown = [], []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *a, **k: shown.append(str(message)))
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    ray_logger = logging.getLogger("ray._private.worker")
+    logging.getLogger("ray").addHandler(handler)
+    try:
+
+        def start(env):
+            ray_logger.warning("Started a local Ray instance.")
+            warnings.warn("a tip about accelerator variables", FutureWarning, stacklevel=1)
+
+        fake = FakeRay(monkeypatch, start)
+        rs = RayStart({"OMP_WAIT_POLICY": "PASSIVE"})
+        assert fake.started.wait(10)
+        ray_logger.warning("the driver's own line")
+        assert lines == ["the driver's own line"]  # held, not lost
+        assert shown == []
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE" and os.environ["DS_ACCELERATOR"] == "cpu"
+        rs.wait()
+        assert lines == ["the driver's own line", "Started a local Ray instance."]
+        assert shown == ["a tip about accelerator variables"]
+        assert rs.span[0] <= rs.span[1] and rs._thread.is_alive()  # Ray's processes live with it
+        rs.close()
+        rs._thread.join(5)
+        assert not rs._thread.is_alive() and fake.shutdowns == 1 and not fake.up
+        rs.close()  # once closed, a no-op
+        assert fake.shutdowns == 1
+        ray_logger.warning("after")  # the hold is gone with the start
+        assert lines[-1] == "after"
+    finally:
+        logging.getLogger("ray").removeHandler(handler)
+
+
+def test_a_failed_ray_start_is_raised_where_the_driver_waits(monkeypatch):
+    from avspo_openrlhf.cpu.ray_start import RayStart
+
+    def start(env):
+        raise RuntimeError("the GCS did not answer")
+
+    FakeRay(monkeypatch, start)
+    rs = RayStart()
+    with pytest.raises(RuntimeError, match="the GCS did not answer"):
+        rs.wait()
+    rs.close()
+    rs._thread.join(5)
+    assert not rs._thread.is_alive()
+
+
+def test_the_cpu_backend_checks_the_input_before_ray_starts(monkeypatch, tmp_path, capsys):
+    """A user's mistake fails before any Ray process starts (the trainer's imports may begin beside
+    the checks: they start nothing)."""
+    from avspo_openrlhf.cli.train import main
+    from avspo_openrlhf.cpu import ray_start
+
+    def refuse(*a, **k):
+        raise AssertionError("Ray started before the input was checked")
+
+    monkeypatch.setattr(ray_start, "RayStart", refuse)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    flags = ["--backend", "cpu", "--actor.model_name_or_path", str(model), "--rollout.n_samples_per_prompt", "4",
+             "--rollout.batch_size", "2", "--rollout.micro_batch_size", "4", "--algo.advantage.estimator", "group_norm",
+             "--data.prompt_dataset", str(tmp_path / "missing.jsonl"), "--data.input_key", "prompt",
+             "--reward.remote_url", str(FIXTURES / "hash_reward.py"), "--ckpt.path", str(tmp_path / "ckpt")]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        main(flags)
+    assert e.value.code == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_the_trainer_takes_the_wandb_run_started_early(tmp_path, monkeypatch):
+    """``WandbAutoLogger.start_early`` (the sync CPU driver, while Ray starts): the trainer's logger takes
+    that run, one run in the folder, its config the trainer's args."""
+    from types import SimpleNamespace as NS
+
+    from avspo_openrlhf.report import WandbAutoLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+
+    def args(max_steps):
+        return NS(logger=NS(wandb=NS(project="avspo-test", run_name="early")), train=NS(max_steps=max_steps))
+
+    WandbAutoLogger.start_early(args(-1), str(tmp_path))
+    logger = WandbAutoLogger(args(float("inf")), str(tmp_path))
+    try:
+        assert logger.run.config["train"]["max_steps"] == float("inf")
+        assert WandbAutoLogger._early == {}
+        logger.log_train(1, {"acr": 0.5})
+    finally:
+        logger.close()
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1

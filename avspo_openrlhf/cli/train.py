@@ -343,23 +343,16 @@ def _run_paused(argv: list[str], dry_run: bool):
     # checkpoints hold the weights and the optimizer: nothing this run writes (here or in the Ray
     # processes it starts) is readable by other users; the group keeps what the user's umask gives
     os.umask(os.umask(0) | 0o007)
-    try:  # before Ray, vLLM and DeepSpeed start
-        preflight(args)
-        for folder in dict.fromkeys(d for d in (args.ckpt.path, args.report.dir) if d):
-            lock_folder(folder, "avspo-train")  # one training per run folder, held until exit
-    except (PreflightError, FolderBusy) as e:
-        _fail(str(e))
-    for wrapper in reward_files.guard_reward_files(args):  # after preflight checked the user's file
-        print(f"[avspo] reward file under a {args.run.reward_timeout_s:g} s timeout per call: {wrapper}")
-    TIMELINE.mark("preflight (datasets, model, reward file)")
-    if threading.current_thread() is threading.main_thread():
-        install_interrupt_handler(args)
     if args.backend == "cpu":
-        from avspo_openrlhf.cpu.backend import train_cpu
+        from avspo_openrlhf.cpu.backend import preload_trainer, train_cpu
+        from avspo_openrlhf.cpu.ray_start import RayStart, worker_env
 
-        with cpu_console(args):
+        preload_trainer()  # OpenRLHF's trainers and DeepSpeed imported while preflight waits on its reward probe
+        _check_and_lock(args)
+        # Ray starts once the input is checked, in a thread of its own, while this one gets the step count
+        with contextlib.closing(RayStart(worker_env(args))) as ray_start, cpu_console(args):
             try:
-                train_cpu(args, on_ray_started=reclaim_sigterm)
+                train_cpu(args, on_ray_started=reclaim_sigterm, ray_start=ray_start)
             finally:
                 # Ray relays its workers' last lines, and those it held back as repeats, as it shuts
                 # down: inside the console's block, so they reach the log, not the terminal
@@ -367,6 +360,7 @@ def _run_paused(argv: list[str], dry_run: bool):
 
                 ray.shutdown()
     else:
+        _check_and_lock(args)
         from avspo_openrlhf.install import installed
 
         with installed(trainers=True, on_ray_started=reclaim_sigterm):
@@ -379,6 +373,22 @@ def _run_paused(argv: list[str], dry_run: bool):
         files = plot_run(os.path.join(args.report.dir, "metrics.jsonl"), os.path.join(args.report.dir, "plots"))
         print(f"[avspo] plots: {', '.join(files) or 'none (no metrics)'}")
     return args, False
+
+
+def _check_and_lock(args) -> None:
+    """Before vLLM and DeepSpeed start: the user's input checked (``preflight``), the run's folders
+    locked, a reward file put under its timeout; then the interrupt handler."""
+    try:
+        preflight(args)
+        for folder in dict.fromkeys(d for d in (args.ckpt.path, args.report.dir) if d):
+            lock_folder(folder, "avspo-train")  # one training per run folder, held until exit
+    except (PreflightError, FolderBusy) as e:
+        _fail(str(e))
+    for wrapper in reward_files.guard_reward_files(args):  # after preflight checked the user's file
+        print(f"[avspo] reward file under a {args.run.reward_timeout_s:g} s timeout per call: {wrapper}")
+    TIMELINE.mark("preflight (datasets, model, reward file)")
+    if threading.current_thread() is threading.main_thread():
+        install_interrupt_handler(args)
 
 
 def cpu_console(args):

@@ -20,31 +20,15 @@ async trainers, checkpoints. Added here, and only here:
 from __future__ import annotations
 
 import os
+import threading
 
 import ray
 
 from avspo_openrlhf import startup_gc
-from avspo_openrlhf.cpu.cores import cpulist, pin_process, resolve_split, thread_env
+from avspo_openrlhf.cpu.cores import cpulist, pin_process, resolve_split
 from avspo_openrlhf.cpu.dtype import describe_cpu_dtype, resolve_cpu_dtype
 from avspo_openrlhf.cpu.engine import CPUEngine
-from avspo_openrlhf.cpu.ops import EXT_ENV, extensions_dir
-
-CPU_ENV = {
-    "DS_ACCELERATOR": "cpu",
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in-process: 3-7 s start instead of 14-24 s
-    "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-    "TOKENIZERS_PARALLELISM": "false",
-    "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
-    "WANDB_MODE": os.environ.get("WANDB_MODE", "offline"),
-    "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(os.cpu_count() or 2)),
-    # OMP_WAIT_POLICY: per run, from the mode and the core split (cores.thread_env)
-    # OpenRLHF's @torch.compile'd entropy (the entropy monitor's) compiled C++ with inductor in the
-    # first training step, and again for new shapes: 4-6 s of a CPU run, for an op that runs eagerly
-    # in well under a second (the vLLM-cpu engine runs eager already)
-    "TORCHDYNAMO_DISABLE": os.environ.get("TORCHDYNAMO_DISABLE", "1"),
-}
-if extensions_dir():  # DeepSpeed's compiled ops: the environment's own folder, in every worker (ops.py)
-    CPU_ENV[EXT_ENV] = extensions_dir()
+from avspo_openrlhf.cpu.ray_start import RayStart, init_ray, is_loopback, worker_env
 
 
 def _policy_base():
@@ -105,7 +89,7 @@ class _LoopbackRendezvous:
     def __init__(self, world_size, rank, master_addr=None, master_port=None):
         super().__init__(world_size, rank, master_addr, master_port)
         host = os.environ["MASTER_ADDR"]
-        if world_size == 1 and _is_loopback(host):  # the CPU backend: one DeepSpeed process per group
+        if world_size == 1 and is_loopback(host):  # the CPU backend: one DeepSpeed process per group
             import socket
 
             from torch.distributed import TCPStore
@@ -237,64 +221,6 @@ def validate_cpu_args(args) -> None:
         raise ValueError("the CPU backend needs rule-based rewards: --reward.remote_url <file.py>")
 
 
-_REAPER: list = []  # one watcher per driver process (cpu/reaper.py)
-
-
-def _is_loopback(host: str) -> bool:
-    import ipaddress
-
-    ip = ipaddress.ip_address(host.strip("[]"))
-    return ip.is_loopback or bool(getattr(ip, "ipv4_mapped", None) and ip.ipv4_mapped.is_loopback)
-
-
-def init_ray(extra_env: dict[str, str] | None = None) -> None:
-    """Ray for the CPU backend, every worker with ``CPU_ENV`` plus ``extra_env`` (the run's thread
-    settings, ``cores.thread_env``)."""
-    if ray.is_initialized():
-        return
-    env = {**CPU_ENV, **(extra_env or {})}
-    os.environ.update({k: v for k, v in env.items() if k not in os.environ})
-    runtime_env = {"worker_process_setup_hook": "avspo_openrlhf.cpu.worker.install_cpu_worker", "env_vars": env}
-    address = os.environ.get("RAY_ADDRESS")
-    if address:  # a cluster someone started (the SLURM launcher's): its CPUs, its ports, its auth
-        ray.init(address=address, runtime_env=runtime_env)
-        print(f"[avspo] CPU backend: joined the Ray cluster at {address}")
-        return
-    # one machine: every port on loopback (docs/security.md). Ray 2.55 binds its GCS, raylet, object
-    # manager, worker, agent and metrics servers to the node's address, but ray.init replaces
-    # _node_ip_address="127.0.0.1" by the host's address unless multi-node clusters are off (as on
-    # Windows/macOS): off for this call only. The token (ray_auth) still guards every Ray port.
-    from ray._private import ray_constants  # private: tests/test_loopback.py guards it
-
-    from avspo_openrlhf.ray_auth import loopback_env  # gloo's and vLLM's sockets, in every worker
-
-    multi_node, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, False
-    try:
-        ray.init(
-            # a new cluster of our own: without "local", ray.init() joins any `ray start` cluster on this
-            # machine (another job's or user's), or fails on the stale address one left behind
-            address="local",
-            # logical CPUs: the trainer, generator, engine and model actors each reserve one to be scheduled
-            num_cpus=max(8, os.cpu_count() or 1),
-            include_dashboard=False,
-            # no idle Python workers started ahead: every process this run needs is an actor with its own
-            # worker, and up to num_cpus idle ones competed with the actors' start-up for 2 cores (a tiny
-            # run's start-up 68-70 s -> 60-64 s on a 2-core AMD EPYC without native bf16, fp32; startup.json)
-            _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
-            _node_ip_address="127.0.0.1",
-            runtime_env={**runtime_env, "env_vars": {**env, **loopback_env()}},
-        )
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = multi_node
-    node = ray.util.get_node_ip_address()
-    if not _is_loopback(node):
-        print(f"[avspo] CPU backend: Ray's node is on {node}, not loopback: its ports are reachable from other hosts")
-    if not _REAPER:  # kill -9 of this driver must not leave Ray's agents running (ray.init's hooks don't run)
-        from avspo_openrlhf.cpu.reaper import start_reaper
-
-        _REAPER.append(start_reaper())
-
-
 def _pin_and_report(args, engines, groups, train_cores: list[int]) -> None:
     """Pin the training actors; read every side's binding back from inside its process."""
     import json
@@ -344,10 +270,35 @@ def count_max_steps(strategy) -> int:
     return prepare_datasets(strategy, tokenizer)[2]
 
 
-def train_cpu(args, on_ray_started=None) -> None:
+# what train_cpu imports before the actors start: OpenRLHF's trainers (and through them DeepSpeed)
+TRAINER_MODULES = ("openrlhf.trainer.ray.launcher", "avspo_openrlhf.cpu.strategy", "avspo_openrlhf.trainer.trainers")
+
+
+def preload_trainer() -> threading.Thread:
+    """:data:`TRAINER_MODULES` imported in a daemon thread (1.1-1.5 s on 2 cores), started while the
+    driver's preflight waits on its reward-file probe, a child process (about 2 s). :func:`train_cpu`
+    imports them as before: at once, or waiting for this thread's import of the same module. An import
+    that fails here is left to fail there, with its traceback."""
+    import importlib
+
+    def load() -> None:
+        for name in TRAINER_MODULES:
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                return
+
+    thread = threading.Thread(target=load, name="avspo-trainer-imports", daemon=True)
+    thread.start()
+    return thread
+
+
+def train_cpu(args, on_ray_started=None, ray_start: RayStart | None = None) -> None:
     """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags); ``args``
     as ``avspo-train`` completed and validated them (:func:`complete_cpu_args`, :func:`validate_cpu_args`).
     ``on_ray_started`` runs right after Ray is up (the driver takes its SIGTERM handler back from Ray there).
+    ``ray_start``: Ray's start, begun in a thread once the input was checked (``avspo-train``), joined
+    here when the step count is known; without it, Ray starts here.
 
     OpenRLHF's trainer (sync or async) is built and run in this process rather than an actor of its
     own: it drives the step through Ray calls on the other actors, and in a process of its own it
@@ -359,10 +310,10 @@ def train_cpu(args, on_ray_started=None) -> None:
     # the sync trainer's own compute reaches OpenRLHF's CUDA-only calls: the replacements every actor
     # process has (cpu/worker.py) hold in this process too while it runs (the async one only drives actors)
     with contextlib.nullcontext() if args.train.async_enable else cuda_shims.in_place():
-        _train_cpu(args, on_ray_started)
+        _train_cpu(args, on_ray_started, ray_start)
 
 
-def _train_cpu(args, on_ray_started) -> None:
+def _train_cpu(args, on_ray_started, ray_start) -> None:
     import copy
 
     from openrlhf.trainer.ray.launcher import RayActorGroup
@@ -373,11 +324,42 @@ def _train_cpu(args, on_ray_started) -> None:
 
     TIMELINE.mark("the trainer's imports (OpenRLHF's trainers, DeepSpeed)")
     engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
-    init_ray(thread_env(args.train.async_enable, bool(engine_cores)))
+    # what needs no Ray comes first, while Ray starts (ray_start): the strategy, the ops, the step count
+    strategy = cpu_strategy(args)
+    # the trainer gets a copy of the strategy, as an actor of its own did: its __init__ writes -1 steps as
+    # inf into the args it is given, and the driver's args stay as parsed
+    trainer_strategy = copy.deepcopy(strategy)
+    from avspo_openrlhf.cpu.ops import build, is_built, ops_for
+
+    ops = ops_for(args.ds.adam_offload)
+    if not os.environ.get("RAY_ADDRESS"):  # one machine: its ops built (and said so) before the actors load them
+        build(ops, say=lambda msg: print(msg, flush=True))
+    elif missing := [n for n in ops if not is_built(n)]:  # a cluster's nodes build their own: say so at least
+        print(
+            f"[avspo] DeepSpeed compiles {', '.join(missing)} in the actors on first use (about a minute on 2 "
+            "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)",
+            flush=True,
+        )
+    TIMELINE.mark("DeepSpeed's CPU ops (built or found)")
+    # the policy's scheduler needs the count: known before its actor starts, its DeepSpeed init need not wait
+    max_steps = count_max_steps(strategy)
+    TIMELINE.mark("step count (tokenizer, dataset)")
+    if not args.train.async_enable and args.report.wandb and not args.logger.wandb.key:
+        # the sync trainer, built in this process later, takes this run (trainers.py: _setup_reports)
+        from avspo_openrlhf.report import WandbAutoLogger
+
+        WandbAutoLogger.start_early(args, args.report.dir)
+        TIMELINE.mark("wandb's run (the sync trainer takes it)")
+    if ray_start is None:
+        init_ray(worker_env(args))
+        phase = "Ray"
+    else:
+        ray_start.wait()
+        TIMELINE.span("Ray (GCS, raylet, agents), started after preflight", *ray_start.span, "Ray start")
+        phase = "waiting for Ray"
     if on_ray_started is not None:
         on_ray_started()
-    TIMELINE.mark("Ray")
-    strategy = cpu_strategy(args)
+    TIMELINE.mark(phase)
     model = args.actor.model_name_or_path
     engines = [
         ray.remote(num_cpus=0)(CPUEngine).remote(
@@ -396,9 +378,7 @@ def _train_cpu(args, on_ray_started) -> None:
     ref = None
     if args.algo.kl.init_coef > 0:
         ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
-    # the trainer gets a copy of the strategy, as an actor of its own did: its __init__ writes -1 steps as
-    # inf into the args it is given, and the driver's args stay as parsed
-    trainer_args = (model, copy.deepcopy(strategy), actor, None, None, ref, engines)
+    trainer_args = (model, trainer_strategy, actor, None, None, ref, engines)
     generate_kwargs = dict(
         do_sample=True,
         max_len=args.data.max_len,
@@ -415,25 +395,9 @@ def _train_cpu(args, on_ray_started) -> None:
     TIMELINE.mark("actors launched")
     for i, engine in enumerate(engines):
         TIMELINE.watch("vLLM engine (process, imports, model, engine)", engine.get_dtype.remote(), f"engine {i}")
-    # every actor process is starting (imports, the engine, the trainer's dataset); meanwhile, here:
-    from avspo_openrlhf.cpu.ops import build, is_built, ops_for
-
-    ops = ops_for(args.ds.adam_offload)
-    if not os.environ.get("RAY_ADDRESS"):  # one machine: its ops built (and said so) before the actors load them
-        build(ops, say=lambda msg: print(msg, flush=True))
-    elif missing := [n for n in ops if not is_built(n)]:  # a cluster's nodes build their own: say so at least
-        print(
-            f"[avspo] DeepSpeed compiles {', '.join(missing)} in the actors on first use (about a minute on 2 "
-            "cores; python -m avspo_openrlhf.cpu.ops builds them ahead)",
-            flush=True,
-        )
-    TIMELINE.mark("DeepSpeed's CPU ops (built or found)")
     if engine_cores:
         _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
         TIMELINE.mark("cores pinned (waits for the actors' processes)")
-    # the policy's DeepSpeed init starts now, beside the trainer's init rather than after it
-    max_steps = count_max_steps(strategy)
-    TIMELINE.mark("step count (tokenizer, dataset)")
     # vllm_engines=None: no NCCL/gloo group with the engines; weights go through CPUPolicyModelActor
     refs = actor.async_init_model_from_pretrained(strategy, model, max_steps, None)
     TIMELINE.watch("policy (model, DeepSpeed init)", refs[0], "policy actor")

@@ -7,7 +7,7 @@ process loads it: about a minute on 2 cores, printing nothing, with a C++ compil
 Torch keeps ops in ``~/.cache/torch_extensions/py311_cpu/<op>``, a folder named by the op while
 its build command holds the installed DeepSpeed's path, so two environments (a second checkout, a
 CI clone) rebuild each other's ops at every switch. Here the folder belongs to the environment:
-``TORCH_EXTENSIONS_DIR`` defaults to ``<venv>/torch_extensions`` (``backend.CPU_ENV`` hands it to the
+``TORCH_EXTENSIONS_DIR`` defaults to ``<venv>/torch_extensions`` (``ray_start.CPU_ENV`` hands it to the
 Ray workers); a run builds what it needs there before its actors start, and says so.
 
     python -m avspo_openrlhf.cpu.ops   # build cpu_adam now, for --ds.adam_offload runs
