@@ -193,6 +193,7 @@ def test_a_failed_ray_start_is_raised_where_the_driver_waits(monkeypatch):
     assert not rs._thread.is_alive()
 
 
+@pytest.mark.slow  # the parser's imports, the reward probe: about 9 s
 def test_the_cpu_backend_checks_the_input_before_ray_starts(monkeypatch, tmp_path, capsys):
     """A user's mistake fails before any Ray process starts (the trainer's imports may begin beside
     the checks: they start nothing)."""
@@ -215,6 +216,7 @@ def test_the_cpu_backend_checks_the_input_before_ray_starts(monkeypatch, tmp_pat
     assert e.value.code == 2 and "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # wandb's service process: about 4 s
 def test_the_trainer_takes_the_wandb_run_started_early(tmp_path, monkeypatch):
     """``WandbAutoLogger.start_early`` (the sync CPU driver, while Ray starts): the trainer's logger takes
     that run, one run in the folder, its config the trainer's args."""
