@@ -120,7 +120,7 @@ class RayStart:
     starts (``Started a local Ray instance``, a tip about accelerator variables) is held and replayed
     by :meth:`wait`, inside the driver's console, so it reaches the run's log as before rather than a
     terminal the console has not taken yet. The workers' environment is set in the calling thread,
-    before the checks that run beside the start."""
+    before it goes on."""
 
     def __init__(self, extra_env: dict[str, str] | None = None):
         env = _environment(extra_env)
