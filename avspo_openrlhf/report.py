@@ -109,7 +109,7 @@ class WandbAutoLogger:
     @classmethod
     def start_early(cls, args, run_dir: str | None) -> None:
         """``wandb.init`` now, for the trainer built later in this process to take (about 2.4 s of CPU
-        with its service process, 2-core Xeon): the CPU driver runs it while Ray starts rather than
+        with its service process, 2-core Xeon with native bf16): the CPU driver runs it while Ray starts rather than
         beside the engine's and the policy's start (``cpu/backend.py``)."""
         cls._early[run_dir] = _wandb_init(args, run_dir)
 
