@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 from avspo_openrlhf.atomic import atomic_file
@@ -76,9 +77,36 @@ def _wandb_config(args) -> dict:
     return plain(redact(args))
 
 
+LAUNCH_INPUTS_MODULE = "wandb.sdk.launch.inputs.internal"
+
+
+def _skip_unstaged_launch_inputs() -> None:
+    """wandb's ``Run`` applies W&B Launch's staged inputs as it starts
+    (``Run._detect_and_apply_job_inputs``), importing all of ``wandb.sdk.launch`` to look: in a process
+    that holds torch, transformers and vLLM, pydantic's model building there walks ``sys.modules`` per
+    field, 2-3 s of the driver's start-up while Ray starts beside it. Inputs are staged only through
+    that module (``wandb.sdk.launch.manage_config_file`` / ``manage_wandb_config``), so where it is not
+    imported there is nothing to apply and the look is skipped; where it is, wandb's own runs. The
+    private name is guarded by tests/test_report.py."""
+    from wandb.sdk.wandb_run import Run
+
+    apply = Run._detect_and_apply_job_inputs
+    if getattr(apply, "skips_unstaged", False):
+        return
+
+    def detect_and_apply_job_inputs(self) -> None:
+        if LAUNCH_INPUTS_MODULE in sys.modules:
+            apply(self)
+
+    detect_and_apply_job_inputs.skips_unstaged = True
+    detect_and_apply_job_inputs.wrapped = apply
+    Run._detect_and_apply_job_inputs = detect_and_apply_job_inputs
+
+
 def _wandb_init(args, run_dir: str | None):
     import wandb
 
+    _skip_unstaged_launch_inputs()
     return wandb.init(
         project=args.logger.wandb.project or "avspo",
         name=args.logger.wandb.run_name,

@@ -60,12 +60,13 @@ class StartupTimeline:
         with self._spans_lock:
             self.spans.append({"phase": phase, "where": where, "start_s": start - self.t0, "end_s": end - self.t0})
 
-    def watch(self, phase: str, ref, where: str) -> None:
+    def watch(self, phase: str, ref, where: str, start: float | None = None) -> None:
         """Record ``phase`` as ending when the Ray object ``ref`` is ready (a call queued behind an
-        actor's constructor, or the constructor's own work), without waiting for it here."""
+        actor's constructor, or the constructor's own work), without waiting for it here; it began
+        now, or at ``start`` (wall clock: the actor's launch, before the call was made)."""
         import ray
 
-        start = time.time()
+        start = time.time() if start is None else start
 
         def wait() -> None:
             try:

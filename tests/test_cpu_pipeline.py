@@ -104,10 +104,14 @@ def test_sync_run_end_to_end(assets, tmp_path):
     # (sync: OpenRLHF's trainer is built in the driver, a phase of its own there, not a process)
     assert {s["where"] for s in startup["spans"]} == {"driver", "engine 0", "policy actor", "Ray start"}
     assert any(s["phase"].startswith("the trainer (") for s in driver)
-    # Ray starts once the input is checked, beside the driver's step count and wandb's run
+    # Ray starts once the input is checked, beside the backend's imports; the engine's and the policy's
+    # processes start before the driver counts the steps and starts wandb's run
     ray_start = next(s for s in startup["spans"] if s["where"] == "Ray start")
     phases = {s["phase"].split(" (")[0]: s for s in driver}
     assert phases["preflight"]["end_s"] <= ray_start["start_s"] < phases["step count"]["end_s"]
+    others = {s["where"]: s for s in startup["spans"] if s["where"] != "driver"}
+    for where in ("engine 0", "policy actor"):
+        assert ray_start["end_s"] <= others[where]["start_s"] <= phases["step count"]["start_s"]
     assert "wandb's run" in phases and len(list((tmp_path / "report" / "wandb").glob("offline-run-*"))) == 1
     assert startup["process_start"] + startup["total_s"] <= rows[0]["timeline/gen_start"]
     assert re.search(r"\[avspo\] start-up [\d.]+ s: interpreter and our imports", log)
@@ -125,7 +129,7 @@ def test_engine_reload_serves_the_new_weights(assets, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from avspo_openrlhf.cpu.backend import CPUEngine
+    from avspo_openrlhf.cpu.engine import CPUEngine
     from avspo_openrlhf.cpu.ray_start import init_ray
 
     init_ray()
@@ -171,7 +175,7 @@ def test_engine_batches_continuously(assets):
     vLLM refuses fails alone; the engine goes on serving."""
     import ray
 
-    from avspo_openrlhf.cpu.backend import CPUEngine
+    from avspo_openrlhf.cpu.engine import CPUEngine
     from avspo_openrlhf.cpu.ray_start import init_ray
 
     init_ray()
@@ -220,7 +224,7 @@ def test_a_small_update_survives_the_sync_in_the_default_precision(assets):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from avspo_openrlhf.cli.quickstart import build_parser
-    from avspo_openrlhf.cpu.backend import CPUEngine
+    from avspo_openrlhf.cpu.engine import CPUEngine
     from avspo_openrlhf.cpu.dtype import resolve_cpu_dtype
     from avspo_openrlhf.cpu.ray_start import init_ray
 

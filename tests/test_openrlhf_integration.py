@@ -195,6 +195,50 @@ def test_parsing_patches_nothing_and_leaves_openrlhf_main_untouched():
     assert set(vars(main_mod)) == globals_before  # the __main__ block ran in a copy of its namespace
 
 
+def test_the_main_block_runs_without_its_module_and_parses_the_same(monkeypatch):
+    """``openrlhf_args`` runs train_ppo_ray's __main__ block on the two globals it reads and
+    ``hierarchize`` from ``openrlhf/utils/config.py`` alone: the same args, every flag, as in a copy of the
+    imported module's namespace."""
+    import avspo_openrlhf.cli.train as cli
+
+    argv = ("--remedy", "avspo", "--acr.window", "3", "--actor.eps_clip", "0.3", "--rollout.temperature", "0.7")
+    light = cli._to_dict(parse(*argv))
+    made = []
+    real = cli._block_namespace
+    monkeypatch.setattr(cli, "_block_namespace", lambda *a: made.append(real(*a)) and None)
+    assert cli._to_dict(parse(*argv)) == light
+    assert made and made[0] is not None  # the installed OpenRLHF takes the light path
+
+
+def test_the_main_block_falls_back_to_its_module_where_it_reads_more(tmp_path):
+    """Another global read by the block, or a ``config.py`` that imports beyond the standard library:
+    ``_block_namespace`` declines (the module is imported, as before)."""
+    import ast
+
+    from avspo_openrlhf.cli.train import _block_namespace, _main_block
+
+    (tmp_path / "openrlhf" / "cli").mkdir(parents=True)
+    (tmp_path / "openrlhf" / "utils").mkdir()
+    config = tmp_path / "openrlhf" / "utils" / "config.py"
+    path = str(tmp_path / "openrlhf" / "cli" / "train_ppo_ray.py")
+    block = (
+        "if __name__ == '__main__':\n    parser = argparse.ArgumentParser()\n    args = parser.parse_args()\n"
+        "    from openrlhf.utils.config import hierarchize\n    args = hierarchize(args)\n{check}    train(args)\n"
+    )
+
+    def namespace(check: str):
+        return _block_namespace(path, *_main_block(ast.parse(block.format(check=check)), path))
+
+    config.write_text(
+        "from types import SimpleNamespace\n\ndef hierarchize(args):\n    return SimpleNamespace(n=args)\n"
+    )
+    ns, hier = namespace("    assert datetime.now()\n")
+    assert ns["hierarchize"](1).n == 1 and [ast.unparse(s) for s in hier] == ["args = hierarchize(args)"]
+    assert namespace("    get_strategy(args)\n") is None  # a global of the module
+    config.write_text("import torch\n\ndef hierarchize(args):\n    return args\n")
+    assert namespace("") is None
+
+
 def test_a_changed_openrlhf_main_block_is_named():
     import ast
 

@@ -193,6 +193,38 @@ def test_a_failed_ray_start_is_raised_where_the_driver_waits(monkeypatch):
     assert not rs._thread.is_alive()
 
 
+def test_what_needs_ray_first_runs_in_the_starter_thread_once_ray_is_up(monkeypatch):
+    """``RayStart(then=...)`` (the vLLM engines' launch): called in the starter thread after Ray's start,
+    its result and the time it returned in ``launched``, the span ending when Ray was ready; its error is
+    raised where the driver waits, like Ray's own."""
+    from avspo_openrlhf.cpu.ray_start import RayStart
+
+    fake = FakeRay(monkeypatch, lambda env: None)
+    calls = []
+
+    def launch():
+        calls.append((fake.up, threading.current_thread().name))
+        time.sleep(0.2)
+        return ["engine"]
+
+    rs = RayStart(then=launch)
+    rs.wait()
+    assert calls == [(True, "avspo-ray-start")]
+    engines, launched = rs.launched
+    assert engines == ["engine"] and launched - rs.span[1] >= 0.2  # the span: Ray's start alone
+    rs.close()
+
+    def broken():
+        raise ImportError("vllm")
+
+    FakeRay(monkeypatch, lambda env: None)
+    rs = RayStart(then=broken)
+    with pytest.raises(ImportError, match="vllm"):
+        rs.wait()
+    assert rs.launched is None
+    rs.close()
+
+
 @pytest.mark.slow  # the parser's imports, the reward probe: about 9 s
 def test_the_cpu_backend_checks_the_input_before_ray_starts(monkeypatch, tmp_path, capsys):
     """A user's mistake fails before any Ray process starts (the trainer's imports may begin beside
@@ -239,3 +271,81 @@ def test_the_trainer_takes_the_wandb_run_started_early(tmp_path, monkeypatch):
     finally:
         logger.close()
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_wandb_skips_launch_inputs_only_where_none_can_be_staged(monkeypatch):
+    """``report._skip_unstaged_launch_inputs``: wandb's ``Run`` looks for W&B Launch's staged inputs as it
+    starts, importing ``wandb.sdk.launch`` (2-3 s in a driver holding torch and vLLM); inputs are staged
+    only through that module, so the look runs where it is imported and not elsewhere. The private
+    names it relies on are guarded here."""
+    import inspect
+    import sys
+    import types
+
+    pytest.importorskip("wandb")
+    from wandb.sdk.wandb_run import Run
+
+    from avspo_openrlhf import report
+
+    assert "_detect_and_apply_job_inputs" in inspect.getsource(Run._on_ready)  # wandb still calls it there
+    wandbs = getattr(Run._detect_and_apply_job_inputs, "wrapped", Run._detect_and_apply_job_inputs)  # ours or not yet
+    assert report.LAUNCH_INPUTS_MODULE in inspect.getsource(wandbs)  # and it imports that module
+    seen = []
+    monkeypatch.setattr(Run, "_detect_and_apply_job_inputs", lambda self: seen.append(self))
+    report._skip_unstaged_launch_inputs()
+    report._skip_unstaged_launch_inputs()  # wrapped once
+    run = object()
+    monkeypatch.delitem(sys.modules, report.LAUNCH_INPUTS_MODULE, raising=False)
+    Run._detect_and_apply_job_inputs(run)
+    assert seen == []
+    monkeypatch.setitem(sys.modules, report.LAUNCH_INPUTS_MODULE, types.ModuleType(report.LAUNCH_INPUTS_MODULE))
+    Run._detect_and_apply_job_inputs(run)
+    assert seen == [run]
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch: about 3 s
+def test_parsing_the_flags_imports_neither_ray_nor_openrlhfs_trainers(tmp_path):
+    """The flags are parsed and checked (``run(dry_run=True)``) on OpenRLHF's __main__ block read from its
+    file: Ray, vLLM, DeepSpeed, OpenRLHF's trainers and ``openrlhf.utils`` load later, beside preflight
+    (cpu/preload.py)."""
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    flags = ["--backend", "cpu", "--cpu.dtype", "fp32", "--actor.model_name_or_path", str(model),
+             "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "2", "--rollout.micro_batch_size", "4",
+             "--algo.advantage.estimator", "group_norm", "--remedy", "avspo", "--data.prompt_dataset", "x.jsonl",
+             "--reward.remote_url", str(FIXTURES / "hash_reward.py")]  # fmt: skip
+    heavy = ["ray", "vllm", "deepspeed", "openrlhf.utils", "openrlhf.cli.train_ppo_ray", "openrlhf.trainer"]
+    code = (
+        "import sys\nfrom avspo_openrlhf.cli.train import run\n"
+        f"args = run({flags!r}, dry_run=True)\n"
+        f"print(args.remedy, args.cpu.dtype, [m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "avspo fp32 []"
+
+
+def test_preload_imports_the_backend_in_a_thread(monkeypatch):
+    """``preload_backend`` imports :data:`BACKEND_MODULES` in order in a daemon thread and stops at the
+    first that fails (the driver's own import then fails with its traceback)."""
+    import importlib
+
+    from avspo_openrlhf.cpu import preload
+
+    done = []
+
+    def fake_import(name):
+        if name == preload.BACKEND_MODULES[2]:
+            raise ImportError(name)
+        done.append((name, threading.current_thread().name))
+
+    monkeypatch.setattr(importlib, "import_module", fake_import)
+    thread = preload.preload_backend()
+    thread.join(5)
+    assert thread.daemon and not thread.is_alive()
+    assert done == [(m, "avspo-backend-imports") for m in preload.BACKEND_MODULES[:2]]
+    assert preload.BACKEND_MODULES[:2] == ("avspo_openrlhf.cpu.engine", "avspo_openrlhf.cpu.backend")

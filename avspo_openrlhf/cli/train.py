@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import argparse
 import ast
+import builtins
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import json
 import os
 import shlex
 import sys
 import threading
+from datetime import datetime
 from types import SimpleNamespace
 
 from avspo_openrlhf import startup_gc
@@ -107,28 +110,99 @@ def _main_block(tree: ast.Module, path: str) -> tuple[list, list, list]:
     return body[: parse[0]], body[parse[0] + 1 : hier[0] + 1], body[hier[0] + 1 : -1]
 
 
+# What train_ppo_ray's __main__ block reads from its module (OpenRLHF 0.11.2), and the one import it
+# makes itself. With no other free name, the block runs on these without importing the module, whose
+# own imports (Ray, OpenRLHF's trainers, vLLM, DeepSpeed) and those of ``openrlhf.utils`` (transformers,
+# via the package's __init__) came to ~6 s of a CPU run's start-up before preflight could run (2-core
+# Intel Xeon with native bf16): they now load beside preflight and Ray's start (cpu/backend.py:
+# preload.py). Another shape of the block or of ``openrlhf/utils/config.py`` imports the module.
+_BLOCK_GLOBALS = {"argparse": argparse, "datetime": datetime}
+_HIERARCHIZE = "openrlhf.utils.config"
+
+
+def _free_names(stmts: list) -> set[str]:
+    """Names ``stmts`` read that they neither assign nor import, builtins aside."""
+    read, bound = set(), set()
+    for node in (n for stmt in stmts for n in ast.walk(stmt)):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return read - bound - set(dir(builtins))
+
+
+def _standalone_config(package_dir: str):
+    """``openrlhf/utils/config.py`` loaded from its file alone, under a private name (``openrlhf.utils``'s
+    __init__ imports torch and transformers for helpers the parser does not use); None where the file
+    imports anything but the standard library, so that the real import is made instead."""
+    path = os.path.join(package_dir, *_HIERARCHIZE.split(".")[1:]) + ".py"
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except OSError:
+        return None
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] if node.level == 0 else [""]
+        if any(n.split(".")[0] not in sys.stdlib_module_names for n in names):
+            return None
+    spec = importlib.util.spec_from_file_location("_openrlhf_utils_config_standalone", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _is_hierarchize_import(node) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == _HIERARCHIZE and node.level == 0
+
+
+def _block_namespace(path: str, setup: list, hier: list, checks: list) -> tuple[dict, list] | None:
+    """(namespace, ``hier`` without its import) for running the block without importing its module;
+    None where the block reads another global or ``config.py`` is not standalone."""
+    if not _free_names(setup + hier + checks) <= _BLOCK_GLOBALS.keys():
+        return None
+    imports = [n for n in hier if _is_hierarchize_import(n)]
+    if [a.name for n in imports for a in n.names] != ["hierarchize"] or imports[0].names[0].asname:
+        return None
+    config = _standalone_config(os.path.dirname(os.path.dirname(path)))  # .../openrlhf/cli/train_ppo_ray.py
+    if config is None or not callable(getattr(config, "hierarchize", None)):
+        return None
+    ns = {"__name__": OPENRLHF_MAIN, "__file__": path, **_BLOCK_GLOBALS, "hierarchize": config.hierarchize}
+    return ns, [n for n in hier if not _is_hierarchize_import(n)]
+
+
 def openrlhf_args(argv: list[str], extend_parser, check, complete=None) -> SimpleNamespace:
     """OpenRLHF 0.11.2's validated ``args`` for ``argv``, exactly as ``train_ppo_ray``'s ``__main__``
     would pass them to ``train(args)``, without training.
 
     OpenRLHF builds its parser (~430 flags) and checks the parsed args inside that ``__main__``
-    block (~570 lines), so we run the block itself, read from the installed module, in a copy of
-    the module's namespace, in three parts: the parser setup; ``extend_parser(parser)`` and
-    ``parser.parse_args(argv)``; ``hierarchize``, ``complete(args)`` (what our flags set in OpenRLHF's),
-    ``check(args)``, then OpenRLHF's own checks.
+    block (~570 lines), so we run the block itself, read from the installed module's file, in three
+    parts: the parser setup; ``extend_parser(parser)`` and ``parser.parse_args(argv)``;
+    ``hierarchize``, ``complete(args)`` (what our flags set in OpenRLHF's), ``check(args)``, then
+    OpenRLHF's own checks. The block runs on the few globals it reads (:data:`_BLOCK_GLOBALS`), the
+    module not imported, or, where it reads others, in a copy of the imported module's namespace.
     The final ``train(args)`` is not run, and nothing is patched: the module, argparse and Ray are
     untouched. An OpenRLHF whose block has another shape fails here with :class:`OpenRLHFMainChanged`.
     A failed OpenRLHF assertion (a user's mistake) is one ``avspo-train: error:`` line, exit 2.
     """
-    mod = importlib.import_module(OPENRLHF_MAIN)
-    with open(mod.__file__, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), mod.__file__)
-    setup, hier, checks = _main_block(tree, mod.__file__)
+    path = importlib.util.find_spec(OPENRLHF_MAIN).origin  # imports openrlhf.cli, not the module
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    setup, hier, checks = _main_block(tree, path)
+    light = _block_namespace(path, setup, hier, checks)
+    if light is not None:
+        ns, hier = light
+    else:
+        ns = dict(vars(importlib.import_module(OPENRLHF_MAIN)))  # a copy: the module's globals stay as they are
 
     def run_part(stmts, ns):
-        exec(compile(ast.Module(body=stmts, type_ignores=[]), mod.__file__, "exec"), ns)
+        exec(compile(ast.Module(body=stmts, type_ignores=[]), path, "exec"), ns)
 
-    ns = dict(vars(mod))  # a copy: the module's own globals stay as they are
     run_part(setup, ns)
     parser = ns["parser"]
     extend_parser(parser)
@@ -251,7 +325,7 @@ def complete_args(args) -> None:
             setattr(args, chosen.remedy, SimpleNamespace(**options))
             keep_settings(args, chosen)  # the same values, one object
         if args.backend == "cpu":
-            from avspo_openrlhf.cpu.backend import complete_cpu_args
+            from avspo_openrlhf.cpu.args import complete_cpu_args
 
             complete_cpu_args(args)
     except ValueError as e:
@@ -264,7 +338,7 @@ def check_config(args) -> None:
     try:
         validate(args)
         if args.backend == "cpu":
-            from avspo_openrlhf.cpu.backend import validate_cpu_args
+            from avspo_openrlhf.cpu.args import validate_cpu_args
 
             validate_cpu_args(args)
     except ValueError as e:
@@ -329,7 +403,7 @@ def _run_paused(argv: list[str], dry_run: bool):
     TIMELINE.mark("interpreter and our imports")
     enable_token_auth()  # before parse() imports OpenRLHF and with it Ray, which reads the mode once
     args, dry = parse(argv)
-    TIMELINE.mark("flags (OpenRLHF's parser: imports torch, transformers, Ray)")
+    TIMELINE.mark("flags (OpenRLHF's parser, read from its file)")
     if dry_run:  # the API: parsed and validated, nothing read from disk
         return args, True
     if dry:  # --dry-run: the offline checks too, so a launcher refuses a job before it is queued
@@ -344,13 +418,18 @@ def _run_paused(argv: list[str], dry_run: bool):
     # processes it starts) is readable by other users; the group keeps what the user's umask gives
     os.umask(os.umask(0) | 0o007)
     if args.backend == "cpu":
-        from avspo_openrlhf.cpu.backend import preload_trainer, train_cpu
+        from avspo_openrlhf.cpu.preload import preload_backend
+
+        preload_backend()  # Ray, vLLM, OpenRLHF's trainers and DeepSpeed imported while preflight runs
+        _check_and_lock(args)
         from avspo_openrlhf.cpu.ray_start import RayStart, worker_env
 
-        preload_trainer()  # OpenRLHF's trainers and DeepSpeed imported while preflight waits on its reward probe
-        _check_and_lock(args)
-        # Ray starts once the input is checked, in a thread of its own, while this one gets the step count
-        with contextlib.closing(RayStart(worker_env(args))) as ray_start, cpu_console(args):
+        # Ray starts once the input is checked, in a thread of its own that then launches the vLLM engines,
+        # while this one waits for the backend's imports and counts the steps
+        ray_start = RayStart(worker_env(args), then=lambda: _launch_engines(args))
+        with contextlib.closing(ray_start), cpu_console(args):
+            from avspo_openrlhf.cpu.backend import train_cpu  # the preload's, or waits for it
+
             try:
                 train_cpu(args, on_ray_started=reclaim_sigterm, ray_start=ray_start)
             finally:
@@ -373,6 +452,14 @@ def _run_paused(argv: list[str], dry_run: bool):
         files = plot_run(os.path.join(args.report.dir, "metrics.jsonl"), os.path.join(args.report.dir, "plots"))
         print(f"[avspo] plots: {', '.join(files) or 'none (no metrics)'}")
     return args, False
+
+
+def _launch_engines(args) -> list:
+    """The CPU run's vLLM engines, launched from Ray's starter thread once Ray is up: their module
+    (``cpu/engine.py``: Ray, vLLM) is the first the preload imports (cpu/preload.py)."""
+    from avspo_openrlhf.cpu.engine import launch_engines
+
+    return launch_engines(args)
 
 
 def _check_and_lock(args) -> None:

@@ -20,14 +20,13 @@ async trainers, checkpoints. Added here, and only here:
 from __future__ import annotations
 
 import os
-import threading
+import time
 
 import ray
 
 from avspo_openrlhf import startup_gc
-from avspo_openrlhf.cpu.cores import cpulist, pin_process, resolve_split
-from avspo_openrlhf.cpu.dtype import describe_cpu_dtype, resolve_cpu_dtype
-from avspo_openrlhf.cpu.engine import CPUEngine
+from avspo_openrlhf.cpu.cores import pin_process, resolve_split
+from avspo_openrlhf.cpu.engine import launch_engines
 from avspo_openrlhf.cpu.ray_start import RayStart, init_ray, is_loopback, worker_env
 
 
@@ -181,46 +180,6 @@ class CPUPolicyModelActor(
         ray.get([e.load_weights.remote(state, self.sync_count) for e in self.cpu_engines])
 
 
-def complete_cpu_args(args) -> None:
-    """The settings the CPU backend needs (OpenRLHF's defaults assume 8 GPUs and flash-attn), written
-    into OpenRLHF's args while they are parsed (``cli/train.py: complete_args``)."""
-    if args.actor.num_nodes * args.actor.num_gpus_per_node != 1:
-        print("[avspo] CPU backend: one DeepSpeed actor process (--actor.num_gpus_per_node 1)")
-        args.actor.num_nodes, args.actor.num_gpus_per_node = 1, 1
-    args.ref.num_nodes, args.ref.num_gpus_per_node = 1, 1
-    model = args.actor.model_name_or_path
-    dtype = resolve_cpu_dtype(args.cpu.dtype, model=model)
-    if dtype != args.cpu.dtype:
-        print(f"[avspo] CPU backend: --cpu.dtype {describe_cpu_dtype(args.cpu.dtype, dtype, model=model)}")
-    # one dtype for the DeepSpeed actors (fp32: bf16 and fp16 both off) and the engine; cuda_shims
-    # teaches OpenRLHF's convert_to_torch_dtype the "fp32" name
-    args.cpu.dtype = args.ds.param_dtype = dtype
-    if "flash" in args.ds.attn_implementation:
-        args.ds.attn_implementation = "sdpa"
-    args.vllm.num_engines = args.vllm.num_engines or 1
-    args.vllm.sync_backend = "gloo"
-    engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
-    if engine_cores:  # normalized, so the dump and the run config show the cores really used
-        args.cpu.engine_cores, args.cpu.train_cores = cpulist(engine_cores), cpulist(train_cores)
-
-
-def validate_cpu_args(args) -> None:
-    """What the CPU backend cannot run, refused (after :func:`complete_cpu_args`; reads ``args`` only)."""
-    if args.ds.zero_stage > 2:
-        raise ValueError("the CPU backend syncs weights from a single ZeRO-0/1/2 process: use --ds.zero_stage <= 2")
-    for flag, on in [
-        ("--ds.packing_samples", args.ds.packing_samples),
-        ("--train.partial_rollout_enable", args.train.partial_rollout_enable),
-        ("--vllm.enable_sleep", args.vllm.enable_sleep),
-        ("--train.colocate_all", args.train.colocate_all),
-        ("critic models (--algo.advantage.estimator gae)", args.critic.model_name_or_path),
-    ]:
-        if on:
-            raise ValueError(f"{flag} is not supported by the CPU backend")
-    if not args.reward.remote_url:
-        raise ValueError("the CPU backend needs rule-based rewards: --reward.remote_url <file.py>")
-
-
 def _pin_and_report(args, engines, groups, train_cores: list[int]) -> None:
     """Pin the training actors; read every side's binding back from inside its process."""
     import json
@@ -270,30 +229,9 @@ def count_max_steps(strategy) -> int:
     return prepare_datasets(strategy, tokenizer)[2]
 
 
-# what train_cpu imports before the actors start: OpenRLHF's trainers (and through them DeepSpeed)
-TRAINER_MODULES = ("openrlhf.trainer.ray.launcher", "avspo_openrlhf.cpu.strategy", "avspo_openrlhf.trainer.trainers")
-
-
-def preload_trainer() -> None:
-    """:data:`TRAINER_MODULES` imported in a daemon thread (1.1-1.5 s on a 2-core Xeon with native bf16), started while the
-    driver's preflight waits on its reward-file probe, a child process (about 2 s). :func:`train_cpu`
-    imports them as before: at once, or waiting for this thread's import of the same module. An import
-    that fails here is left to fail there, with its traceback."""
-    import importlib
-
-    def load() -> None:
-        for name in TRAINER_MODULES:
-            try:
-                importlib.import_module(name)
-            except BaseException:
-                return
-
-    threading.Thread(target=load, name="avspo-trainer-imports", daemon=True).start()
-
-
 def train_cpu(args, on_ray_started=None, ray_start: RayStart | None = None) -> None:
     """``openrlhf.cli.train_ppo_ray.train`` for one CPU machine (same trainers, same flags); ``args``
-    as ``avspo-train`` completed and validated them (:func:`complete_cpu_args`, :func:`validate_cpu_args`).
+    as ``avspo-train`` completed and validated them (``cpu/args.py``).
     ``on_ray_started`` runs right after Ray is up (the driver takes its SIGTERM handler back from Ray there).
     ``ray_start``: Ray's start, begun in a thread once the input was checked (``avspo-train``), joined
     here when the step count is known; without it, Ray starts here.
@@ -320,13 +258,41 @@ def _train_cpu(args, on_ray_started, ray_start) -> None:
     from avspo_openrlhf.startup import TIMELINE
     from avspo_openrlhf.trainer.trainers import _PPOTrainer, _PPOTrainerAsync
 
-    TIMELINE.mark("the trainer's imports (OpenRLHF's trainers, DeepSpeed)")
+    TIMELINE.mark("the backend's imports (Ray, vLLM, OpenRLHF's trainers, DeepSpeed), begun beside preflight")
     engine_cores, train_cores = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
-    # what needs no Ray comes first, while Ray starts (ray_start): the strategy, the ops, the step count
     strategy = cpu_strategy(args)
     # the trainer gets a copy of the strategy, as an actor of its own did: its __init__ writes -1 steps as
     # inf into the args it is given, and the driver's args stay as parsed
     trainer_strategy = copy.deepcopy(strategy)
+    if ray_start is None:
+        init_ray(worker_env(args))
+        phase = "Ray"
+    else:
+        ray_start.wait()
+        TIMELINE.span("Ray (GCS, raylet, agents), started after preflight", *ray_start.span, "Ray start")
+        phase = "waiting for Ray"
+    if on_ray_started is not None:
+        on_ray_started()
+    TIMELINE.mark(phase)
+    # the processes first, the vLLM engine's (the start-up's longest chain) before all, launched by Ray's
+    # starter thread as soon as Ray is up (cli/train.py): they import while this one builds the ops, counts
+    # the steps and starts wandb's run (each actor's own work waits for nothing of that but the policy's
+    # init, sent below with the step count)
+    model = args.actor.model_name_or_path
+    if ray_start is not None and ray_start.launched is not None:
+        engines, engines_at = ray_start.launched
+    else:
+        engines, engines_at = launch_engines(args), time.time()
+    for i, engine in enumerate(engines):
+        TIMELINE.watch(
+            "vLLM engine (process, imports, model, engine)", engine.get_dtype.remote(), f"engine {i}", engines_at
+        )
+    launched = time.time()
+    actor = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUPolicyModelActor), num_gpus_per_actor=0)
+    ref = None
+    if args.algo.kl.init_coef > 0:
+        ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
+    TIMELINE.mark("engine and model processes launched")
     from avspo_openrlhf.cpu.ops import build, is_built, ops_for
 
     ops = ops_for(args.ds.adam_offload)
@@ -339,7 +305,7 @@ def _train_cpu(args, on_ray_started, ray_start) -> None:
             flush=True,
         )
     TIMELINE.mark("DeepSpeed's CPU ops (built or found)")
-    # the policy's scheduler needs the count: known before its actor starts, its DeepSpeed init need not wait
+    # the policy's scheduler needs the count: known before its init is sent
     max_steps = count_max_steps(strategy)
     TIMELINE.mark("step count (tokenizer, dataset)")
     if not args.train.async_enable and args.report.wandb and not args.logger.wandb.key:
@@ -348,34 +314,6 @@ def _train_cpu(args, on_ray_started, ray_start) -> None:
 
         WandbAutoLogger.start_early(args, args.report.dir)
         TIMELINE.mark("wandb's run (the sync trainer takes it)")
-    if ray_start is None:
-        init_ray(worker_env(args))
-        phase = "Ray"
-    else:
-        ray_start.wait()
-        TIMELINE.span("Ray (GCS, raylet, agents), started after preflight", *ray_start.span, "Ray start")
-        phase = "waiting for Ray"
-    if on_ray_started is not None:
-        on_ray_started()
-    TIMELINE.mark(phase)
-    model = args.actor.model_name_or_path
-    engines = [
-        ray.remote(num_cpus=0)(CPUEngine).remote(
-            model,
-            seed=args.train.seed + i,
-            max_model_len=args.data.max_len,
-            remote_rm_url=args.reward.remote_url,
-            agent_func_path=args.train.agent_func_path,
-            dtype=args.cpu.dtype,
-            cores=engine_cores,
-            logprobs_mode="processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None,
-        )
-        for i in range(args.vllm.num_engines)
-    ]
-    actor = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUPolicyModelActor), num_gpus_per_actor=0)
-    ref = None
-    if args.algo.kl.init_coef > 0:
-        ref = RayActorGroup(1, 1, ray.remote(num_gpus=0)(CPUReferenceModelActor), num_gpus_per_actor=0)
     trainer_args = (model, trainer_strategy, actor, None, None, ref, engines)
     generate_kwargs = dict(
         do_sample=True,
@@ -390,18 +328,16 @@ def _train_cpu(args, on_ray_started, ray_start) -> None:
         TIMELINE.watch(
             "generator actor (process, imports, dataset)", trainer.generator_actor.get_max_steps.remote(), "generator"
         )
-    TIMELINE.mark("actors launched")
-    for i, engine in enumerate(engines):
-        TIMELINE.watch("vLLM engine (process, imports, model, engine)", engine.get_dtype.remote(), f"engine {i}")
+        TIMELINE.mark("generator actor launched")
     if engine_cores:
         _pin_and_report(args, engines, [g for g in (actor, ref) if g is not None], train_cores)
         TIMELINE.mark("cores pinned (waits for the actors' processes)")
     # vllm_engines=None: no NCCL/gloo group with the engines; weights go through CPUPolicyModelActor
     refs = actor.async_init_model_from_pretrained(strategy, model, max_steps, None)
-    TIMELINE.watch("policy (model, DeepSpeed init)", refs[0], "policy actor")
+    TIMELINE.watch("policy (process, imports, model, DeepSpeed init)", refs[0], "policy actor", launched)
     if ref is not None:
         refs += ref.async_init_model_from_pretrained(strategy, model)
-        TIMELINE.watch("reference (model, DeepSpeed init)", refs[-1], "reference actor")
+        TIMELINE.watch("reference (process, imports, model, DeepSpeed init)", refs[-1], "reference actor", launched)
     if not args.train.async_enable:
         # OpenRLHF's sync trainer drives each step through Ray calls to the engines and the policy (its own
         # compute: the rewards' advantages): built here while the policy loads

@@ -184,3 +184,26 @@ class CPUEngine(HoldsTokenizer, _engine_base()):
 
     async def sleep(self, level=1):
         return None
+
+
+def launch_engines(args) -> list:
+    """The run's ``--vllm.num_engines`` engine actors, started now (``ray.remote``: their processes import
+    and load while the caller goes on; a first call on each waits for its constructor)."""
+    import ray
+
+    from avspo_openrlhf.cpu.cores import resolve_split
+
+    engine_cores, _ = resolve_split(args.cpu.engine_cores, args.cpu.train_cores)
+    return [
+        ray.remote(num_cpus=0)(CPUEngine).remote(
+            args.actor.model_name_or_path,
+            seed=args.train.seed + i,
+            max_model_len=args.data.max_len,
+            remote_rm_url=args.reward.remote_url,
+            agent_func_path=args.train.agent_func_path,
+            dtype=args.cpu.dtype,
+            cores=engine_cores,
+            logprobs_mode="processed_logprobs" if args.algo.advantage.is_correction_level != "off" else None,
+        )
+        for i in range(args.vllm.num_engines)
+    ]

@@ -17,6 +17,8 @@ import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import ray
 
@@ -120,26 +122,34 @@ class RayStart:
     starts (``Started a local Ray instance``, a tip about accelerator variables) is held and replayed
     by :meth:`wait`, inside the driver's console, so it reaches the run's log as before rather than a
     terminal the console has not taken yet. The workers' environment is set in the calling thread,
-    before it goes on."""
+    before it goes on. ``then``, if given, runs in the thread once Ray is up (the run's vLLM engines,
+    launched a second or so before the driver's own imports would let it): :attr:`launched` holds what
+    it returned and when; its error is re-raised by :meth:`wait`, like Ray's own."""
 
-    def __init__(self, extra_env: dict[str, str] | None = None):
+    def __init__(self, extra_env: dict[str, str] | None = None, then: Callable[[], Any] | None = None):
         env = _environment(extra_env)
         self._held = _HeldOutput()
         self._ready, self._done = threading.Event(), threading.Event()
         self._error: BaseException | None = None
+        self._then = then
         self.span = (time.time(), time.time())  # (started, ready), wall clock: the start-up timeline's
+        self.launched: tuple[Any, float] | None = None  # (what ``then`` returned, when it returned)
         self._thread = threading.Thread(target=self._run, args=(env,), name="avspo-ray-start", daemon=True)
         self._thread.start()
 
     def _run(self, env: dict[str, str]) -> None:
+        ready = None
         try:
             with self._held.capture():
                 if not ray.is_initialized():
                     _start(env)
+                ready = time.time()
+                if self._then is not None:  # what needs Ray first (the vLLM engines: cli/train.py)
+                    self.launched = (self._then(), time.time())
         except BaseException as e:  # re-raised by wait(), in the driver's thread
             self._error = e
         finally:
-            self.span = (self.span[0], time.time())
+            self.span = (self.span[0], ready or time.time())
             self._ready.set()
         self._done.wait()  # Ray's GCS and raylet die with this thread
 
