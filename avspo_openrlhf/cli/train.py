@@ -113,9 +113,9 @@ def _main_block(tree: ast.Module, path: str) -> tuple[list, list, list]:
 # What train_ppo_ray's __main__ block reads from its module (OpenRLHF 0.11.2), and the one import it
 # makes itself. With no other free name, the block runs on these without importing the module, whose
 # own imports (Ray, OpenRLHF's trainers, vLLM, DeepSpeed) and those of ``openrlhf.utils`` (transformers,
-# via the package's __init__) came to ~6 s of a CPU run's start-up before preflight could run (2-core
-# Intel Xeon with native bf16): they now load beside preflight and Ray's start (cpu/backend.py:
-# preload.py). Another shape of the block or of ``openrlhf/utils/config.py`` imports the module.
+# via the package's __init__) made 5.0 s of a CPU run's start-up before preflight could run (2-core
+# Intel Xeon with native bf16): they now load beside preflight and Ray's start (cpu/preload.py).
+# Another shape of the block or of ``openrlhf/utils/config.py`` imports the module, as before.
 _BLOCK_GLOBALS = {"argparse": argparse, "datetime": datetime}
 _HIERARCHIZE = "openrlhf.utils.config"
 
@@ -401,7 +401,7 @@ def _run(argv: list[str], dry_run: bool):
 def _run_paused(argv: list[str], dry_run: bool):
     TIMELINE.begin_run()
     TIMELINE.mark("interpreter and our imports")
-    enable_token_auth()  # before parse() imports OpenRLHF and with it Ray, which reads the mode once
+    enable_token_auth()  # before Ray is first imported (the CPU backend's preload), which reads the mode once
     args, dry = parse(argv)
     TIMELINE.mark("flags (OpenRLHF's parser, read from its file)")
     if dry_run:  # the API: parsed and validated, nothing read from disk

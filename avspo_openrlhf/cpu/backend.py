@@ -234,7 +234,8 @@ def train_cpu(args, on_ray_started=None, ray_start: RayStart | None = None) -> N
     as ``avspo-train`` completed and validated them (``cpu/args.py``).
     ``on_ray_started`` runs right after Ray is up (the driver takes its SIGTERM handler back from Ray there).
     ``ray_start``: Ray's start, begun in a thread once the input was checked (``avspo-train``), joined
-    here when the step count is known; without it, Ray starts here.
+    here before the actors launch, the vLLM engines it launched (``RayStart.launched``) taken as they
+    are; without it, Ray starts here and the engines are launched here.
 
     OpenRLHF's trainer (sync or async) is built and run in this process rather than an actor of its
     own: it drives the step through Ray calls on the other actors, and in a process of its own it
