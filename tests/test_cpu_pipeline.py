@@ -224,8 +224,8 @@ def test_a_small_update_survives_the_sync_in_the_default_precision(assets):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from avspo_openrlhf.cli.quickstart import build_parser
-    from avspo_openrlhf.cpu.engine import CPUEngine
     from avspo_openrlhf.cpu.dtype import resolve_cpu_dtype
+    from avspo_openrlhf.cpu.engine import CPUEngine
     from avspo_openrlhf.cpu.ray_start import init_ray
 
     dtype = resolve_cpu_dtype(build_parser().parse_args([]).dtype, model=assets["model"])  # the default's
