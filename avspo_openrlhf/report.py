@@ -84,10 +84,11 @@ def _skip_unstaged_launch_inputs() -> None:
     """wandb's ``Run`` applies W&B Launch's staged inputs as it starts
     (``Run._detect_and_apply_job_inputs``), importing all of ``wandb.sdk.launch`` to look: in a process
     that holds torch, transformers and vLLM, pydantic's model building there walks ``sys.modules`` per
-    field, 2-3 s of the driver's start-up while Ray starts beside it. Inputs are staged only through
-    that module (``wandb.sdk.launch.manage_config_file`` / ``manage_wandb_config``), so where it is not
-    imported there is nothing to apply and the look is skipped; where it is, wandb's own runs. The
-    private name is guarded by tests/test_report.py."""
+    field, more than half of the 4.1 s the CPU driver spent starting wandb's run (py-spy; 2-core Intel
+    Xeon with native bf16). Inputs are staged only through that module (``wandb.sdk.launch``'s
+    ``manage_config_file`` / ``manage_wandb_config`` import it), so where it is not imported there is
+    nothing to apply and the look is skipped; where it is, wandb's own runs. The private names are
+    guarded by tests/test_startup.py."""
     from wandb.sdk.wandb_run import Run
 
     apply = Run._detect_and_apply_job_inputs

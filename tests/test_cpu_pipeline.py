@@ -310,24 +310,38 @@ def joined_ray_cluster():
     try:
         yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"}
     finally:
-        _stop_cluster(port)
+        left = _stop_cluster(port)
+    assert not left, f"the test's Ray cluster outlived its teardown: {left}"
 
 
-def _stop_cluster(port: int) -> None:
-    """This test's Ray cluster only (`ray stop` would stop every Ray of this user on the machine)."""
+def _stop_cluster(port: int) -> list[str]:
+    """This test's Ray cluster only (`ray stop` would stop every Ray of this user on the machine);
+    returns what of it still runs after the teardown."""
     import psutil
 
     from avspo_openrlhf.cluster.reap import terminate_then_kill
 
-    mine = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if f"127.0.0.1:{port}" in cmd or f"gcs_server_port={port}" in cmd:
-            mine.append(p)
+    # its GCS by port; the rest by the GCS address, whose host Ray 2.55 makes the machine's own
+    # (192.0.2.2:PORT, not the 127.0.0.1 it was started on): "127.0.0.1:PORT" alone left the autoscaler
+    # monitor of every such cluster running
+    ours = re.compile(rf"(?:gcs_server_port=|:){port}(?!\d)")
+    mine = [p for p in psutil.process_iter(["cmdline"]) if ours.search(" ".join(p.info["cmdline"] or []))]
+    mine += [c for p in list(mine) for c in _children(p) if c not in mine]  # the raylet's renamed agents
     terminate_then_kill(mine, 15)  # the launcher's teardown: children first, a zombie counts as stopped
     current = Path("/tmp/ray/ray_current_cluster")  # `ray start` wrote it; `ray stop` would remove it
     if current.exists() and current.read_text().strip().endswith(f":{port}"):
         current.unlink()
+    running = [p for p in psutil.process_iter(["cmdline", "status"]) if p.info["status"] != psutil.STATUS_ZOMBIE]
+    return [" ".join(p.info["cmdline"] or [])[:120] for p in running if ours.search(" ".join(p.info["cmdline"] or []))]
+
+
+def _children(p) -> list:
+    import psutil
+
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def test_async_run_killed_and_resumed_continues_the_state(assets, tmp_path):
