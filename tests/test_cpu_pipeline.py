@@ -325,14 +325,18 @@ def _stop_cluster(port: int) -> list[str]:
     # (192.0.2.2:PORT, not the 127.0.0.1 it was started on): "127.0.0.1:PORT" alone left the autoscaler
     # monitor of every such cluster running
     ours = re.compile(rf"(?:gcs_server_port=|:){port}(?!\d)")
-    mine = [p for p in psutil.process_iter(["cmdline"]) if ours.search(" ".join(p.info["cmdline"] or []))]
+
+    def cluster(attrs=("cmdline",)) -> list[tuple]:
+        found = [(p, " ".join(p.info["cmdline"] or [])) for p in psutil.process_iter(list(attrs))]
+        return [(p, cmd) for p, cmd in found if ours.search(cmd)]
+
+    mine = [p for p, _ in cluster()]
     mine += [c for p in list(mine) for c in _children(p) if c not in mine]  # the raylet's renamed agents
     terminate_then_kill(mine, 15)  # the launcher's teardown: children first, a zombie counts as stopped
     current = Path("/tmp/ray/ray_current_cluster")  # `ray start` wrote it; `ray stop` would remove it
     if current.exists() and current.read_text().strip().endswith(f":{port}"):
         current.unlink()
-    running = [p for p in psutil.process_iter(["cmdline", "status"]) if p.info["status"] != psutil.STATUS_ZOMBIE]
-    return [" ".join(p.info["cmdline"] or [])[:120] for p in running if ours.search(" ".join(p.info["cmdline"] or []))]
+    return [cmd[:120] for p, cmd in cluster(("cmdline", "status")) if p.info["status"] != psutil.STATUS_ZOMBIE]
 
 
 def _children(p) -> list:

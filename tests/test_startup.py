@@ -227,7 +227,7 @@ def test_what_needs_ray_first_runs_in_the_starter_thread_once_ray_is_up(monkeypa
 
 @pytest.mark.slow  # the parser's imports, the reward probe: about 9 s
 def test_the_cpu_backend_checks_the_input_before_ray_starts(monkeypatch, tmp_path, capsys):
-    """A user's mistake fails before any Ray process starts (the trainer's imports may begin beside
+    """A user's mistake fails before any Ray process starts (the backend's imports may begin beside
     the checks: they start nothing)."""
     from avspo_openrlhf.cli.train import main
     from avspo_openrlhf.cpu import ray_start

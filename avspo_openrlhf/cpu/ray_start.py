@@ -4,8 +4,8 @@ the driver's checks instead of after them.
 ``ray.init`` spends 3.5-4.8 s of a CPU run's start-up mostly waiting for the processes it starts (the
 GCS, the raylet and its agents; 2-core Intel Xeon with native bf16). :class:`RayStart` runs it in a
 thread of its own once the user's input is checked (a mistake still fails before any Ray process
-starts), while the driver counts the steps and starts wandb's run, so that the vLLM engine, the
-start-up's longest chain, is launched that much earlier.
+starts), beside the driver's imports of the backend, and that thread launches the vLLM engine, the
+start-up's longest chain, as soon as Ray is up.
 """
 
 from __future__ import annotations
