@@ -6,15 +6,22 @@ what runs in other processes meanwhile (the vLLM engine, the policy's DeepSpeed 
 is a span of its own from its launch to its readiness (:meth:`StartupTimeline.watch`), so overlap shows.
 ``avspo-train`` prints it as one line and writes ``<report.dir>/startup.json`` when training begins;
 the first step's own start is ``timeline/gen_start`` of step 1 in ``metrics.jsonl`` (same clock, wall time).
+A start-up that has not reached its first step after ``AVSPO_STARTUP_STACKS_S`` seconds writes every
+thread's stack to stderr (:meth:`StartupTimeline.stacks_if_stuck`), so a hang names where it hangs.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
 import threading
 import time
 
 from avspo_openrlhf.atomic import write_json
+
+STACKS_ENV = "AVSPO_STARTUP_STACKS_S"
+STACKS_DEFAULT_S = 600.0  # a CPU start-up takes 20-60 s; a GPU node's model load can take minutes
 
 
 def process_start_time() -> float:
@@ -39,6 +46,7 @@ class StartupTimeline:
         self.t0 = self.last = t0  # ``last``: where the next driver phase begins
         self.spans: list[dict] = []
         self._watchers: list[threading.Thread] = []
+        self._stacks_armed = False
 
     def begin_run(self) -> None:
         """A run starts in this process: the first one counts from the process's start (the interpreter
@@ -99,9 +107,42 @@ class StartupTimeline:
             )
         return text
 
+    def stacks_if_stuck(self) -> float | None:
+        """Armed now: unless :meth:`write` (the first step begins) or :meth:`disarm` comes first,
+        every thread's Python stack is written to stderr once, ``AVSPO_STARTUP_STACKS_S`` seconds
+        from now (default 600; 0 or less: never), and the run goes on. faulthandler writes it from a
+        C thread of its own, so a deadlock that holds the GIL cannot stop it. Returns the seconds, or
+        None when off."""
+        raw = os.environ.get(STACKS_ENV, "").strip()
+        try:
+            after = float(raw) if raw else STACKS_DEFAULT_S
+        except ValueError:
+            raise ValueError(f"{STACKS_ENV}={raw!r}: expected seconds (0 turns the stack dump off)") from None
+        if after <= 0:
+            return None
+        out = sys.stderr
+        try:
+            out.fileno()
+        except (AttributeError, OSError, ValueError):  # replaced by an object without a descriptor (a test's capture)
+            out = sys.__stderr__
+        if out is None:
+            return None
+        out.flush()
+        faulthandler.dump_traceback_later(after, repeat=False, file=out, exit=False)
+        self._stacks_armed = True
+        return after
+
+    def disarm(self) -> None:
+        """The stack dump of :meth:`stacks_if_stuck` cancelled (a no-op when it is not armed)."""
+        if self._stacks_armed:
+            faulthandler.cancel_dump_traceback_later()
+            self._stacks_armed = False
+
     def write(self, folder: str | None) -> None:
         """``startup.json`` in ``folder`` (no folder: nothing written); the watchers still running
-        get a moment, since they end with the phases the driver already waited for."""
+        get a moment, since they end with the phases the driver already waited for. The start-up is
+        over: the stack dump is disarmed."""
+        self.disarm()
         for thread in self._watchers:
             thread.join(timeout=1.0)
         if not folder:

@@ -1,7 +1,10 @@
-"""Shared test helpers: where the shared data lives, the tiny model's assets, the metrics page's names."""
+"""Shared test helpers: where the shared data lives, the tiny model's assets, the metrics page's names,
+a child process that explains itself when it hangs."""
 
 import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,42 @@ def undocumented_metrics(keys) -> list[str]:
         return any(pattern.fullmatch(n) for n in {k, *((f"acr_{x}", x) if k.startswith("acr/") else ())})
 
     return sorted(k for k in set(keys) if not listed(k))
+
+
+def stacks_then_kill(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """A Python child that ran past its time: SIGABRT first, so that faulthandler
+    (``PYTHONFAULTHANDLER=1``, which run_tests.sh exports) writes every thread's stack to its stderr
+    before it dies; SIGKILL if it is still there after ``grace`` s. A hang then names where it hung
+    instead of a bare timeout."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_or_show_stacks(cmd: list[str], timeout: float, env: dict) -> tuple[int, str, str]:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` whose timeout fails the test with the
+    child's thread stacks and output (:func:`stacks_then_kill`) rather than a bare TimeoutExpired.
+    Returns (returncode, stdout, stderr)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired as still:  # alive, or a process it started holds the pipes
+                proc.kill()
+                proc.wait()
+                out, err = (
+                    b.decode(errors="replace") if isinstance(b, bytes) else b or ""
+                    for b in (still.output, still.stderr)
+                )
+            pytest.fail(
+                f"{' '.join(cmd[:4])} ... still ran after {timeout:g} s; its stderr (every thread's stack last) "
+                f"and stdout:\n{err[-8000:]}\n--- stdout ---\n{out[-3000:]}"
+            )
+    return proc.returncode, out, err

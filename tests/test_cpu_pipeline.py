@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import FIXTURES, tiny_assets, undocumented_metrics
+from helpers import FIXTURES, run_or_show_stacks, stacks_then_kill, tiny_assets, undocumented_metrics
 
 from avspo_openrlhf.algo import ACRConfig, AdaptiveThreshold
 from avspo_openrlhf.cli.console import own_line
@@ -48,14 +48,21 @@ def _flags(assets, out: Path, *extra):
     ]  # fmt: skip
 
 
-ENV = {**os.environ, "AVSPO_REWARD_TIMEOUT": "2", "AVSPO_REWARD_WORKERS": "1", "PYTHONUNBUFFERED": "1"}
+# a run that hangs dies by SIGABRT with every thread's stack on its stderr (helpers.py: run_or_show_stacks)
+ENV = {
+    **os.environ,
+    "AVSPO_REWARD_TIMEOUT": "2",
+    "AVSPO_REWARD_WORKERS": "1",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONFAULTHANDLER": "1",
+}
 
 
 def _train(flags, timeout=480, env=None):
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or ENV)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return r.stdout + r.stderr
+    rc, out, err = run_or_show_stacks(cmd, timeout, env or ENV)
+    assert rc == 0, (out + err)[-4000:]
+    return out + err
 
 
 def _weights(path):
@@ -266,20 +273,39 @@ def train_with_sigterm_at_the_last_step(flags, out: Path, steps: int) -> str:
     the request came after the last step's check, finishes with its final model and exits 0; never
     "stopped after a checkpoint" with neither written. ``flags`` save no checkpoint of their own
     before the last step (``--ckpt.save_steps 100``): the one found is the stop's. Returns the output.
-    (Run on test_remedies.py's NGRPO run, so that it costs no start of its own.)"""
+    (Run on test_remedies.py's NGRPO run, so that it costs no start of its own.)
+
+    The output goes to a file, not a pipe: nothing reads a pipe while the test waits, and a run that
+    filled its 64 KiB stopped in its next write until the wait's deadline (a 5-minute stall in CI,
+    and a signal sent at step 7)."""
     cmd = [sys.executable, "-m", "avspo_openrlhf.cli.train", *flags]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    log = out / "driver.log"
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, env=ENV)
     metrics = out / "report" / "metrics.jsonl"
     deadline = time.time() + 400
     while time.time() < deadline and proc.poll() is None and len(read_metrics(str(metrics))[0]) < steps:
         time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before the signal"
+    done = len(read_metrics(str(metrics))[0])
+    if proc.poll() is not None:
+        pytest.fail(f"the run ended (exit {proc.returncode}) after {done} of {steps} steps, before the signal:\n"
+                    f"{log.read_text()[-6000:]}")  # fmt: skip
+    if done < steps:  # a signal now would stop it at an earlier step: say where it is instead
+        stacks_then_kill(proc)
+        pytest.fail(f"the run logged {done} of {steps} steps in 400 s; its threads' stacks end its output:\n"
+                    f"{log.read_text()[-8000:]}")  # fmt: skip
     proc.send_signal(signal.SIGTERM)
-    text, _ = proc.communicate(timeout=300)
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        stacks_then_kill(proc)
+        pytest.fail(f"the run did not stop within 300 s of SIGTERM:\n{log.read_text()[-6000:]}")
+    text = log.read_text()
     assert "SIGTERM: saving a checkpoint after the current step" in text, text[-3000:]
     if proc.returncode == 130:  # the trainer saw it at the last step: a checkpoint of that step, no final model
         assert "stopped after a checkpoint" in text
-        assert (out / "ckpt" / "_actor" / f"global_step{steps}" / "AVSPO_COMPLETE").exists()
+        ckpts = sorted(p.name for p in (out / "ckpt" / "_actor").glob("global_step*"))
+        assert (out / "ckpt" / "_actor" / f"global_step{steps}" / "AVSPO_COMPLETE").exists(), (ckpts, text[-3000:])
     else:
         assert proc.returncode == 0, text[-3000:]
         assert "the run finished and saved its final model" in text

@@ -142,7 +142,8 @@ def test_a_killed_batch_resumes_to_the_results_it_would_have_had(assets, tmp_pat
         for seed, m in enumerate(("AVSPO", "DAPO-DS"))
     ]
     whole = _engine([(s, tmp_path / "whole" / s.method) for s in specs], {})
-    assert whole.wait(timeout=300) == 0, whole.stdout.read()
+    out, _ = whole.communicate(timeout=300)  # read as it runs: a full pipe would stall the run
+    assert whole.returncode == 0, out
     hung = tmp_path / "hung"
     pairs = [(s, tmp_path / "killed" / s.method) for s in specs]
     # the first lockstep step scores at most 8 + 4 x 8 completions (AVSPO, DAPO-DS's four rounds): the

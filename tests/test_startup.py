@@ -1,7 +1,8 @@
 """The start-up timeline (avspo_openrlhf/startup.py): the driver's phases follow one another from
 the process's start, another process's phase is a span of its own, a later run in the same process
 counts from its own start; the collector paused for the start-up and given back (startup_gc.py); Ray
-started in a thread of its own once the input is checked (cpu/ray_start.py); wandb's run started early.
+started in a thread of its own once the input is checked (cpu/ray_start.py); wandb's run started early;
+a start-up stuck past AVSPO_STARTUP_STACKS_S writes every thread's stack.
 The timeline of a real run is checked in tests/test_cpu_pipeline.py."""
 
 import json
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from avspo_openrlhf.startup import StartupTimeline, process_start_time
+from avspo_openrlhf.startup import TIMELINE, StartupTimeline, process_start_time
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -55,6 +56,48 @@ def test_the_process_start_is_before_this_test(tmp_path):
     assert state["spans"][0]["start_s"] == 0.0 and state["total_s"] > 0
     assert not list((tmp_path / "report").glob("*.tmp"))
     t.write(None)  # no report folder: nothing written, no error
+
+
+STUCK = """
+import sys, threading, time
+from avspo_openrlhf.startup import StartupTimeline
+t = StartupTimeline()
+print(t.stacks_if_stuck(), flush=True)
+lock = threading.Lock()
+lock.acquire()
+def importer_waiting_for_the_lock():
+    lock.acquire()
+threading.Thread(target=importer_waiting_for_the_lock, name="held").start()
+time.sleep(float(sys.argv[1]))  # a start-up that never reaches its first step, or one that does
+if sys.argv[2] == "first-step":
+    t.write(None)
+    time.sleep(1.0)
+lock.release()
+"""
+
+
+@pytest.mark.parametrize("outcome", ["stuck", "first-step", "off", "bad"])
+def test_a_start_up_stuck_past_its_limit_writes_every_threads_stack(tmp_path, outcome):
+    """AVSPO_STARTUP_STACKS_S after the start, a start-up that has not reached its first step writes
+    each thread's stack (faulthandler, from a C thread: a held GIL cannot stop it) and goes on; the
+    first step (``write``) disarms it, 0 turns it off, a value that is no number is refused by name."""
+    import subprocess
+    import sys
+
+    limit = {"stuck": "0.3", "first-step": "0.8", "off": "0", "bad": "ten"}[outcome]
+    sleep = "1.5" if outcome == "stuck" else "0.1"
+    env = {**os.environ, "AVSPO_STARTUP_STACKS_S": limit}
+    r = subprocess.run([sys.executable, "-c", STUCK, sleep, outcome], capture_output=True, text=True, env=env)
+    if outcome == "bad":
+        assert r.returncode != 0 and "AVSPO_STARTUP_STACKS_S='ten': expected seconds" in r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == {"stuck": "0.3", "first-step": "0.8", "off": "None"}[outcome]
+    if outcome == "stuck":
+        assert r.stderr.startswith("Timeout (0:00:00.300000)!"), r.stderr
+        assert "importer_waiting_for_the_lock" in r.stderr and "<module>" in r.stderr  # both threads
+    else:
+        assert "Timeout" not in r.stderr and "Thread 0x" not in r.stderr, r.stderr
 
 
 def test_the_collector_is_paused_for_the_start_up_and_given_back():
@@ -243,9 +286,13 @@ def test_the_cpu_backend_checks_the_input_before_ray_starts(monkeypatch, tmp_pat
              "--rollout.batch_size", "2", "--rollout.micro_batch_size", "4", "--algo.advantage.estimator", "group_norm",
              "--data.prompt_dataset", str(tmp_path / "missing.jsonl"), "--data.input_key", "prompt",
              "--reward.remote_url", str(FIXTURES / "hash_reward.py"), "--ckpt.path", str(tmp_path / "ckpt")]  # fmt: skip
+    real, armed = TIMELINE.stacks_if_stuck, []
+    monkeypatch.setattr(TIMELINE, "stacks_if_stuck", lambda: armed.append(real()))
+    monkeypatch.setenv("AVSPO_STARTUP_STACKS_S", "300")
     with pytest.raises(SystemExit) as e:
         main(flags)
     assert e.value.code == 2 and "no such file" in capsys.readouterr().err
+    assert armed == [300.0] and not TIMELINE._stacks_armed  # the start-up's stack dump is off again
 
 
 @pytest.mark.slow  # wandb's service process: about 4 s

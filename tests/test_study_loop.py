@@ -167,7 +167,8 @@ def _start(spec_: RunSpec, run_dir: Path, env: dict) -> subprocess.Popen:
 def test_a_killed_run_resumes_exactly(assets, tmp_path):
     s = spec(assets, "AVSPO", reward="study_reward:parity_then_hang", ckpt_every=1, token_budget=600, mid_eval_tokens=0)
     whole = _start(s, tmp_path / "whole", {})
-    assert whole.wait(timeout=300) == 0, whole.stdout.read()
+    out, _ = whole.communicate(timeout=300)  # read as it runs: a full pipe would stall the run
+    assert whole.returncode == 0, out
     # the same run, hung in its 5th step's reward (4 steps x 2 prompts x G 4 = 32 calls before it), killed there
     hung = tmp_path / "hung"
     proc = _start(s, tmp_path / "killed", {"STUDY_TEST_HANG_AT": "33", "STUDY_TEST_HUNG_FILE": str(hung)})

@@ -418,26 +418,13 @@ def _run_paused(argv: list[str], dry_run: bool):
     # processes it starts) is readable by other users; the group keeps what the user's umask gives
     os.umask(os.umask(0) | 0o007)
     if args.backend == "cpu":
-        from avspo_openrlhf.cpu.preload import preload_backend
-
-        preload_backend()  # Ray, vLLM, OpenRLHF's trainers and DeepSpeed imported while preflight runs
-        _check_and_lock(args)
-        from avspo_openrlhf.cpu.ray_start import RayStart, worker_env
-
-        # Ray starts once the input is checked, in a thread of its own that then launches the vLLM engines,
-        # while this one waits for the backend's imports and counts the steps
-        ray_start = RayStart(worker_env(args), then=lambda: _launch_engines(args))
-        with contextlib.closing(ray_start), cpu_console(args):
-            from avspo_openrlhf.cpu.backend import train_cpu  # the preload's, or waits for it
-
-            try:
-                train_cpu(args, on_ray_started=reclaim_sigterm, ray_start=ray_start)
-            finally:
-                # Ray relays its workers' last lines, and those it held back as repeats, as it shuts
-                # down: inside the console's block, so they reach the log, not the terminal
-                import ray
-
-                ray.shutdown()
+        # a start-up that hangs prints every thread's stack after AVSPO_STARTUP_STACKS_S (one hung once
+        # in CI, silently: three threads import and start Ray at once here); the first step disarms it
+        TIMELINE.stacks_if_stuck()
+        try:
+            _train_cpu_backend(args)
+        finally:
+            TIMELINE.disarm()  # a run that failed before its first step
     else:
         _check_and_lock(args)
         from avspo_openrlhf.install import installed
@@ -452,6 +439,30 @@ def _run_paused(argv: list[str], dry_run: bool):
         files = plot_run(os.path.join(args.report.dir, "metrics.jsonl"), os.path.join(args.report.dir, "plots"))
         print(f"[avspo] plots: {', '.join(files) or 'none (no metrics)'}")
     return args, False
+
+
+def _train_cpu_backend(args) -> None:
+    """``--backend cpu``: the input checked, Ray started, then the run (``cpu/backend.py``)."""
+    from avspo_openrlhf.cpu.preload import preload_backend
+
+    preload_backend()  # Ray, vLLM, OpenRLHF's trainers and DeepSpeed imported while preflight runs
+    _check_and_lock(args)
+    from avspo_openrlhf.cpu.ray_start import RayStart, worker_env
+
+    # Ray starts once the input is checked, in a thread of its own that then launches the vLLM engines,
+    # while this one waits for the backend's imports and counts the steps
+    ray_start = RayStart(worker_env(args), then=lambda: _launch_engines(args))
+    with contextlib.closing(ray_start), cpu_console(args):
+        from avspo_openrlhf.cpu.backend import train_cpu  # the preload's, or waits for it
+
+        try:
+            train_cpu(args, on_ray_started=reclaim_sigterm, ray_start=ray_start)
+        finally:
+            # Ray relays its workers' last lines, and those it held back as repeats, as it shuts
+            # down: inside the console's block, so they reach the log, not the terminal
+            import ray
+
+            ray.shutdown()
 
 
 def _launch_engines(args) -> list:
