@@ -77,7 +77,7 @@ lock.release()
 
 
 @pytest.mark.parametrize("outcome", ["stuck", "first-step", "off", "bad"])
-def test_a_start_up_stuck_past_its_limit_writes_every_threads_stack(tmp_path, outcome):
+def test_a_start_up_stuck_past_its_limit_writes_every_threads_stack(outcome):
     """AVSPO_STARTUP_STACKS_S after the start, a start-up that has not reached its first step writes
     each thread's stack (faulthandler, from a C thread: a held GIL cannot stop it) and goes on; the
     first step (``write``) disarms it, 0 turns it off, a value that is no number is refused by name."""
@@ -85,7 +85,7 @@ def test_a_start_up_stuck_past_its_limit_writes_every_threads_stack(tmp_path, ou
     import sys
 
     limit = {"stuck": "0.3", "first-step": "0.8", "off": "0", "bad": "ten"}[outcome]
-    sleep = "1.5" if outcome == "stuck" else "0.1"
+    sleep = "1.0" if outcome == "stuck" else "0.1"
     env = {**os.environ, "AVSPO_STARTUP_STACKS_S": limit}
     r = subprocess.run([sys.executable, "-c", STUCK, sleep, outcome], capture_output=True, text=True, env=env)
     if outcome == "bad":
@@ -293,6 +293,11 @@ def test_the_cpu_backend_checks_the_input_before_ray_starts(monkeypatch, tmp_pat
         main(flags)
     assert e.value.code == 2 and "no such file" in capsys.readouterr().err
     assert armed == [300.0] and not TIMELINE._stacks_armed  # the start-up's stack dump is off again
+    monkeypatch.setenv("AVSPO_STARTUP_STACKS_S", "ten")  # refused by name, before anything is read
+    with pytest.raises(SystemExit) as e:
+        main(flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "avspo-train: error: AVSPO_STARTUP_STACKS_S='ten': expected seconds" in err
 
 
 @pytest.mark.slow  # wandb's service process: about 4 s

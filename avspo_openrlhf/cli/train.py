@@ -420,7 +420,10 @@ def _run_paused(argv: list[str], dry_run: bool):
     if args.backend == "cpu":
         # a start-up that hangs prints every thread's stack after AVSPO_STARTUP_STACKS_S (one hung once
         # in CI, silently: three threads import and start Ray at once here); the first step disarms it
-        TIMELINE.stacks_if_stuck()
+        try:
+            TIMELINE.stacks_if_stuck()
+        except ValueError as e:  # AVSPO_STARTUP_STACKS_S that is no number
+            _fail(str(e))
         try:
             _train_cpu_backend(args)
         finally:
